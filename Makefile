@@ -1,0 +1,85 @@
+# sbx build. Every library through pkg-config; warnings are errors.
+#   make            build/sbx, build/libsbx.{a,so}, build/sbx.so (module for lua5.4)
+#   make test       the whole suite against the real dockerd (README's command)
+#   make check      the suite again under ASan+UBSan
+#   make install PREFIX=/usr/local
+PKGS      := lua5.4 libcurl libcjson libuv
+PREFIX    ?= /usr/local
+BUILD     ?= build
+CC        ?= cc
+LUA       ?= lua5.4
+
+ifneq ($(shell pkg-config --exists $(PKGS) && echo yes),yes)
+$(error missing libraries: run scripts/setup.sh (pkg-config $(PKGS)))
+endif
+
+WARN      := -Wall -Wextra -Werror -Wshadow -Wundef -Wwrite-strings \
+             -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
+CFLAGS    ?= -O2 -g
+CFLAGS    += -std=gnu11 -fPIC $(WARN) $(shell pkg-config --cflags $(PKGS))
+LIBS      := $(shell pkg-config --libs libcurl libcjson libuv)
+LUALIB    := $(shell pkg-config --libs lua5.4)
+ifeq ($(SANITIZE),1)
+CFLAGS    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS   += -fsanitize=address,undefined
+endif
+
+LIB_SRCS  := src/host.c src/http.c src/json.c src/stream.c src/text.c \
+             src/capture.c src/embed.c
+LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
+LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o
+
+all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
+     $(BUILD)/unit_capture $(BUILD)/embed_test
+
+$(BUILD)/%.o: src/%.c | $(BUILD)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/lua_blob.c: scripts/embed.lua $(LUA_SRCS) | $(BUILD)
+	$(LUA) scripts/embed.lua $@ $(LUA_SRCS)
+
+$(BUILD)/lua_blob.o: $(BUILD)/lua_blob.c
+	$(CC) $(filter-out -W%,$(CFLAGS)) -c $< -o $@
+
+$(BUILD)/libsbx.a: $(LIB_OBJS)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libsbx.so: $(LIB_OBJS)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB)
+
+# The module for a stock lua5.4: the interpreter provides the Lua symbols.
+$(BUILD)/sbx.so: $(LIB_OBJS)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(BUILD)/sbx: $(BUILD)/main.o $(BUILD)/libsbx.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB) -lm
+
+$(BUILD)/unit_capture: tests/unit_capture.c $(BUILD)/capture.o
+	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^
+
+$(BUILD)/embed_test: tests/embed_test.c $(BUILD)/libsbx.a
+	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB) -lm
+
+$(BUILD):
+	mkdir -p $@
+
+test: all
+	tests/run.sh $(BUILD)
+
+check:
+	$(MAKE) BUILD=build-asan SANITIZE=1 test
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
+	  $(DESTDIR)$(PREFIX)/lib/lua/5.4
+	install -m 755 $(BUILD)/sbx $(DESTDIR)$(PREFIX)/bin/sbx
+	install -m 644 $(BUILD)/libsbx.a $(DESTDIR)$(PREFIX)/lib/libsbx.a
+	install -m 755 $(BUILD)/libsbx.so $(DESTDIR)$(PREFIX)/lib/libsbx.so
+	install -m 644 src/sbx.h $(DESTDIR)$(PREFIX)/include/sbx.h
+	install -m 755 $(BUILD)/sbx.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/sbx.so
+
+clean:
+	rm -rf build build-asan
+
+.PHONY: all test check install clean
+-include $(wildcard $(BUILD)/*.d)

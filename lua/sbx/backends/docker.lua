@@ -1,0 +1,435 @@
+-- The Docker backend: box lifecycle and command transport over the Engine
+-- API (libcurl for requests, a raw hijacked socket for exec streams).
+-- Works against Docker and Podman's Docker-compatible service; see
+-- ../shared/reference/docker-api.md for the measured behaviour this follows.
+local core = require "sbx.core"
+local json, http = core.json, core.http
+
+local M = {}
+local CLIENT_API = "1.47"   -- the newest API this code is written against
+
+local daemons = {}          -- endpoint string -> daemon (one ping per process)
+
+local function version_less(a, b)
+  local a1, a2 = a:match("^(%d+)%.(%d+)")
+  local b1, b2 = b:match("^(%d+)%.(%d+)")
+  a1, a2, b1, b2 = tonumber(a1), tonumber(a2), tonumber(b1), tonumber(b2)
+  return a1 < b1 or (a1 == b1 and a2 < b2)
+end
+
+local function home() return os.getenv("HOME") or "/root" end
+
+-- Where a daemon may listen, in the order the docker CLI's users expect.
+function M.candidates(explicit)
+  if explicit then return { explicit } end
+  local env = os.getenv("DOCKER_HOST")
+  if env and env ~= "" then return { env } end
+  local list = {
+    home() .. "/.colima/default/docker.sock",
+    home() .. "/.colima/docker.sock",
+    "/var/run/docker.sock",
+    home() .. "/.docker/run/docker.sock",
+    home() .. "/.local/share/containers/podman/machine/podman.sock",
+  }
+  local xdg = os.getenv("XDG_RUNTIME_DIR")
+  if xdg then
+    list[#list + 1] = xdg .. "/docker.sock"
+    list[#list + 1] = xdg .. "/podman/podman.sock"
+  end
+  list[#list + 1] = "/run/podman/podman.sock"
+  for i, p in ipairs(list) do list[i] = "unix://" .. p end
+  return list
+end
+
+local function parse_endpoint(ep)
+  local path = ep:match("^unix://(.+)$")
+  if path then return { unix_socket = path, base = "http://localhost" } end
+  local host, port = ep:match("^tcp://%[?([^%]/]+)%]?:(%d+)/?$")
+  if not host then host = ep:match("^tcp://([^:/]+)/?$"); port = host and "2375" end
+  if host then return { host = host, port = tonumber(port), base = "http://" .. host .. ":" .. port } end
+  return nil
+end
+
+local function exists(path)
+  return core.path_type(path) ~= nil
+end
+
+-- Finds the daemon: explicit option, DOCKER_HOST, then the usual sockets.
+-- Returns daemon | nil, message, "daemon_unavailable".
+function M.connect(explicit)
+  local cands = M.candidates(explicit)
+  local tried = {}
+  for _, ep in ipairs(cands) do
+    if daemons[ep] then return daemons[ep] end
+    local d = parse_endpoint(ep)
+    if not d then
+      tried[#tried + 1] = ep .. " (not a unix:// or tcp:// address)"
+    elseif d.unix_socket and #cands > 1 and not exists(d.unix_socket) then
+      tried[#tried + 1] = ep .. " (no such socket)"
+    else
+      local r, err = http.request { url = d.base .. "/_ping", unix_socket = d.unix_socket, timeout = 10, connect_timeout = 5 }
+      if r and r.status == 200 then
+        local server = r.headers["api-version"] or "1.24"
+        d.endpoint = ep
+        d.api = version_less(server, CLIENT_API) and server or CLIENT_API
+        d.podman = r.headers["libpod-api-version"] ~= nil
+        d.prefix = d.base .. "/v" .. d.api
+        d.images = {}
+        daemons[ep] = d
+        return d
+      end
+      tried[#tried + 1] = string.format("%s (%s)", ep, r and ("HTTP " .. r.status) or err)
+    end
+  end
+  return nil, "no Docker daemon answered; tried: " .. table.concat(tried, "; ") ..
+    ". Start dockerd (scripts/setup.sh does) or set DOCKER_HOST.", "daemon_unavailable"
+end
+
+local codes = { [400] = "bad_request", [404] = "not_found", [409] = "conflict", [500] = "daemon_error" }
+
+-- One API call. Returns status, decoded body | nil, message, code.
+local function call(d, method, path, body, opts)
+  opts = opts or {}
+  local r, err, code = http.request {
+    url = d.prefix .. path, method = method, unix_socket = d.unix_socket,
+    headers = body and { ["Content-Type"] = "application/json" } or nil,
+    body = body and json.encode(body) or nil,
+    timeout = opts.timeout or 120, detached = opts.detached,
+  }
+  if opts.detached then return r end
+  if not r then
+    return nil, string.format("Docker daemon at %s: %s", d.endpoint, err), code == "ECONNREFUSED" and "daemon_unavailable" or code
+  end
+  local decoded = r.body ~= "" and json.decode(r.body) or nil
+  if r.status >= 300 and not (opts.ok and opts.ok[r.status]) then
+    local msg = type(decoded) == "table" and decoded.message or r.body
+    return nil, tostring(msg):gsub("%s+$", ""), codes[r.status] or ("http_" .. r.status)
+  end
+  return r.status, decoded, r
+end
+M.call = call
+
+local function urlq(s) return http.escape(s) end
+
+-- Images ------------------------------------------------------------------
+
+local function ensure_image(d, image, pull)
+  if d.images[image] and pull ~= "always" then return true end
+  if pull ~= "always" then
+    local st, _, code = call(d, "GET", "/images/" .. urlq(image) .. "/json")
+    if st then d.images[image] = true return true end
+    if code ~= "not_found" then return nil, _, code end
+    if pull == "never" then
+      return nil, string.format("image '%s' is not on the daemon and policy says pull = \"never\"", image), "image_unavailable"
+    end
+  end
+  local name, tag = image:match("^(.-):([%w][%w_.%-]*)$")
+  if not name then name, tag = image, "latest" end
+  local r, err = http.request {
+    url = d.prefix .. "/images/create?fromImage=" .. urlq(name) .. "&tag=" .. urlq(tag),
+    method = "POST", unix_socket = d.unix_socket, timeout = 1800, body = "",
+  }
+  local failure
+  if not r then failure = err
+  elseif r.status >= 300 then
+    local j = json.decode(r.body)
+    failure = type(j) == "table" and j.message or r.body
+  else
+    -- A started pull reports later failures as a line with "error".
+    for line in r.body:gmatch("[^\r\n]+") do
+      local j = json.decode(line)
+      if type(j) == "table" and j.error then failure = j.error end
+    end
+  end
+  if failure then
+    return nil, string.format("image '%s' is not available locally and could not be pulled: %s", image, tostring(failure):gsub("%s+$", "")), "image_unavailable"
+  end
+  d.images[image] = true
+  return true
+end
+
+-- Owner identity for labels and the reaper ---------------------------------------
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- The start time of a process (clock ticks since boot), which tells a live
+-- owner from a new process that reuses its pid.
+local function proc_start(pid)
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  if not stat then return nil end
+  local rest = stat:match("^.*%)%s+(.*)$")
+  local i = 0
+  for field in rest:gmatch("%S+") do
+    i = i + 1
+    if i == 20 then return field end
+  end
+end
+M.proc_start = proc_start
+
+local function hostname()
+  return (read_file("/proc/sys/kernel/hostname") or "unknown"):gsub("%s+$", "")
+end
+
+local owner
+local function owner_labels()
+  if not owner then
+    local pid = tostring(core.pid())
+    owner = { pid = pid, start = proc_start(pid) or "0", host = hostname() }
+  end
+  return owner
+end
+
+-- Lifecycle -------------------------------------------------------------------
+
+local function to_list(t)
+  local l = {}
+  for i, v in ipairs(t or {}) do l[i] = v end
+  return json.array(l)
+end
+
+local function env_pairs(t)
+  local l = {}
+  for k, v in pairs(t or {}) do l[#l + 1] = k .. "=" .. tostring(v) end
+  table.sort(l)
+  return json.array(l)
+end
+
+local function create_body(spec, pol)
+  local o = owner_labels()
+  local now = os.time()
+  local labels = {
+    ["sbx"] = "1",
+    ["sbx.owner.pid"] = o.pid,
+    ["sbx.owner.start"] = o.start,
+    ["sbx.owner.host"] = o.host,
+    ["sbx.created"] = tostring(now),
+    ["sbx.deadline"] = tostring(now + math.floor(spec.lifetime)),
+    ["sbx.version"] = core.version,
+  }
+  for k, v in pairs(spec.labels or {}) do labels[k] = tostring(v) end
+  local host = {
+    Init = spec.init and true or false,
+    NetworkMode = spec.network,
+    SecurityOpt = json.array(spec.no_new_privileges and { "no-new-privileges" } or {}),
+    CapDrop = to_list(spec.cap_drop),
+    CapAdd = to_list(spec.cap_add),
+    ReadonlyRootfs = spec.read_only and true or false,
+  }
+  if spec.memory then host.Memory = math.floor(spec.memory); host.MemorySwap = math.floor(spec.memory) end
+  if spec.cpus then host.NanoCpus = math.floor(spec.cpus * 1e9) end
+  if spec.pids then host.PidsLimit = math.floor(spec.pids) end
+  if spec.tmpfs and next(spec.tmpfs) then host.Tmpfs = spec.tmpfs end
+  if spec.host_config then for k, v in pairs(spec.host_config) do host[k] = v end end
+  return {
+    Image = spec.image,
+    -- The box's own lifetime cap: an orphan stops by itself.
+    Entrypoint = json.array { "sleep" },
+    Cmd = json.array { tostring(math.floor(spec.lifetime)) },
+    WorkingDir = spec.workdir,
+    Env = env_pairs(spec.env),
+    Labels = labels,
+    Tty = false,
+    OpenStdin = false,
+    StopSignal = "SIGKILL",
+    HostConfig = host,
+  }
+end
+
+local reaped_once = false
+
+-- create(spec, policy) -> handle | nil, message, code
+function M.create(spec, pol)
+  local d, err, code = M.connect(spec.docker_host)
+  if not d then return nil, err, code end
+  if spec.reap_on_start and not reaped_once then
+    reaped_once = true
+    core.spawn(function() pcall(M.reap, { quiet = true }, pol) end)
+  end
+  local ok, ierr, icode = ensure_image(d, spec.image, spec.pull)
+  if not ok then return nil, ierr, icode end
+  local name = spec.name or (spec.name_prefix .. string.format("%016x", math.random(0)):sub(1, 12))
+  local st, body, ccode = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol))
+  if not st then return nil, "cannot create the box: " .. body, ccode end
+  local id = body.Id
+  local sst, serr, scode = call(d, "POST", "/containers/" .. id .. "/start", nil, { ok = { [304] = true } })
+  if not sst then
+    call(d, "DELETE", "/containers/" .. id .. "?force=true&v=true", nil, { ok = { [404] = true, [409] = true } })
+    return nil, "cannot start the box: " .. serr, scode
+  end
+  return { id = id, name = name, daemon = d }
+end
+
+-- destroy(handle, detached): force-removes the container (kill + delete in
+-- one call). detached: fire and forget, for finalizers.
+function M.destroy(h, detached)
+  if h.destroyed then return true end
+  h.destroyed = true
+  local st, err, code = call(h.daemon, "DELETE", "/containers/" .. h.id .. "?force=true&v=true", nil,
+    { ok = { [404] = true, [409] = true }, detached = detached })
+  if detached then return true end
+  if not st then return nil, err, code end
+  return true
+end
+
+function M.restart(h)
+  local st, err, code = call(h.daemon, "POST", "/containers/" .. h.id .. "/restart?t=0")
+  if not st then return nil, err, code end
+  return true
+end
+
+-- Transport ---------------------------------------------------------------------
+
+local function exec_create(h, req)
+  local body = {
+    AttachStdin = req.stdin ~= nil, AttachStdout = true, AttachStderr = true, Tty = false,
+    Env = json.array(req.env), Cmd = json.array(req.argv),
+  }
+  if req.cwd then body.WorkingDir = req.cwd end
+  if req.user then body.User = tostring(req.user) end
+  local st, r, code = call(h.daemon, "POST", "/containers/" .. h.id .. "/exec", body)
+  if not st then
+    if code == "conflict" or code == "not_found" then
+      return nil, "the box is not running (" .. r .. ")", "box_gone"
+    end
+    return nil, r, code
+  end
+  return r.Id
+end
+
+local function open_stream(h, exec_id, req)
+  local d = h.daemon
+  local body = '{"Detach":false,"Tty":false}'
+  local request = table.concat {
+    "POST /v", d.api, "/exec/", exec_id, "/start HTTP/1.1\r\n",
+    "Host: docker\r\n",
+    "Content-Type: application/json\r\n",
+    "Content-Length: ", #body, "\r\n",
+    "Connection: close\r\n\r\n", body,
+  }
+  return core.stream.open {
+    unix_socket = d.unix_socket, host = d.host, port = d.port,
+    request = request, stdin = req.stdin,
+    capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit,
+  }
+end
+
+-- start(handle, req) -> job: creates the exec and opens its attached stream.
+function M.start(h, req)
+  local id, err, code = exec_create(h, req)
+  if not id then return nil, err, code end
+  return { id = id, marker = req.marker, stream = open_stream(h, id, req) }
+end
+
+-- finish(handle, job) -> exit code, read once the stream has ended. The
+-- daemon forgets finished execs after minutes, so callers keep the value.
+function M.finish(h, job)
+  if job.exit_code then return job.exit_code end
+  local info = job.stream:info()
+  if info.status ~= 200 and info.status ~= 101 then
+    local j = info.body and json.decode(info.body)
+    local msg = type(j) == "table" and j.message or info.body or "no answer"
+    return nil, "the daemon refused to start the command: " .. tostring(msg), "exec_failed"
+  end
+  for attempt = 1, 50 do
+    local st, r, code = call(h.daemon, "GET", "/exec/" .. job.id .. "/json")
+    if not st then
+      if code == "not_found" then return nil, "the box went away while the command ran", "box_gone" end
+      return nil, r, code
+    end
+    -- Podman reports ExitCode 0 while running: trust Running first.
+    if not r.Running and r.ExitCode ~= json.null and r.ExitCode ~= nil then
+      job.exit_code = r.ExitCode
+      return r.ExitCode
+    end
+    core.sleep(attempt < 10 and 0.01 or 0.1)
+  end
+  return nil, "the daemon did not report an exit code", "no_exit_code"
+end
+
+-- The in-box kill: every process whose environment carries the job's marker
+-- (children, grandchildren, even those that called setsid) gets the signal.
+-- Markers are 16 hex digits, so no marker is a prefix of another.
+local KILL_SCRIPT = [[
+sig=$1; m="SBX_JOB=$2"; n=0
+for round in 1 2 3; do
+  found=0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    if grep -qs "$m" "$p/environ" 2>/dev/null; then
+      kill -s "$sig" "$pid" 2>/dev/null && found=$((found+1))
+    fi
+  done
+  n=$((n+found))
+  [ "$sig" = KILL ] || break
+  [ $found -eq 0 ] && break
+done
+echo "$n"
+]]
+
+-- kill(handle, job, signal) -> true | nil, message, code
+function M.kill(h, job, signal)
+  signal = tostring(signal or "KILL"):gsub("^SIG", "")
+  local req = {
+    argv = { "sh", "-c", KILL_SCRIPT, "sh", signal, job.marker }, env = {},
+    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 0, tail = 0 } },
+  }
+  local id, err, code = exec_create(h, req)
+  if not id then return nil, err, code end
+  local s = open_stream(h, id, req)
+  if s:wait(10) ~= "eof" then s:close() return nil, "the kill command did not finish", "timeout" end
+  local exit_code, ferr, fcode = M.finish(h, { id = id, stream = s })
+  if exit_code ~= 0 then
+    local msg = s:captured("stderr")
+    if exit_code == nil then return nil, ferr, fcode end
+    return nil, string.format("the kill command failed (exit %d): %s", exit_code, msg), "kill_failed"
+  end
+  return true
+end
+
+-- Reaper ----------------------------------------------------------------------------
+
+-- reap(opts) -> { removed = {...}, kept = n }: removes boxes whose owner
+-- process is gone (same host: pid and start time no longer match) or whose
+-- deadline has passed (any host). opts.all removes every sbx box.
+function M.reap(opts)
+  opts = opts or {}
+  local d, err, code = M.connect(opts.docker_host)
+  if not d then return nil, err, code end
+  local filters = json.encode { label = json.array { "sbx.owner.pid" } }
+  local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters))
+  if not st then return nil, list, lcode end
+  local me = hostname()
+  local now = os.time()
+  local report = { removed = {}, kept = 0 }
+  local tasks = {}
+  for _, c in ipairs(list) do
+    local l = c.Labels or {}
+    local dead
+    if opts.all then
+      dead = "all"
+    elseif tonumber(l["sbx.deadline"] or "") and tonumber(l["sbx.deadline"]) < now then
+      dead = "past its deadline"
+    elseif l["sbx.owner.host"] == me then
+      local pid = l["sbx.owner.pid"]
+      if proc_start(pid) ~= l["sbx.owner.start"] then dead = "owner process " .. pid .. " is gone" end
+    end
+    if dead then
+      local name = (c.Names and c.Names[1] or c.Id):gsub("^/", "")
+      report.removed[#report.removed + 1] = { id = c.Id, name = name, reason = dead }
+      tasks[#tasks + 1] = core.spawn(call, d, "DELETE", "/containers/" .. c.Id .. "?force=true&v=true", nil,
+        { ok = { [404] = true, [409] = true } })
+    else
+      report.kept = report.kept + 1
+    end
+  end
+  for _, t in ipairs(tasks) do t:join() end
+  return report
+end
+
+return M

@@ -1,0 +1,109 @@
+-- The sbx command line. main(argv) returns the exit status.
+local sbx = require "sbx"
+
+local M = {}
+
+local USAGE = [[
+usage: sbx [--policy FILE|NAME] COMMAND [ARGS...]
+
+commands:
+  run SCRIPT [ARGS...]   run a Lua script with the sbx module (arg holds ARGS)
+  reap [--all] [--dry-run]
+                         remove boxes whose owner process is gone or whose
+                         lifetime has passed (--all: every sbx box)
+  tools [--format F]     print the tool definitions the policy gives a model
+
+options:
+  --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
+                         bundled policy ("lm-deluge"); also SBX_POLICY
+  --help, -h             this text
+  --version              the version
+]]
+
+local function err(...)
+  io.stderr:write("sbx: ", table.concat({ ... }), "\n")
+end
+
+local commands = {}
+
+function commands.run(args)
+  local script = table.remove(args, 1)
+  if not script then err("run needs a script (sbx run SCRIPT.lua)") return 2 end
+  local chunk, lerr = loadfile(script, "t")
+  if not chunk then err(lerr) return 1 end
+  _G.arg = { [0] = script, table.unpack(args) }
+  local ok, e = xpcall(chunk, debug.traceback, table.unpack(args))
+  if ok then
+    ok = sbx.drain()
+    if not ok then return 1 end
+    return 0
+  end
+  local signals, last = sbx.core.signals()
+  if signals > 0 and tostring(e):find("interrupted") then
+    err("interrupted; removing boxes")
+    return 128 + last
+  end
+  err(tostring(e))
+  return 1
+end
+
+function commands.reap(args)
+  local opts = {}
+  for _, a in ipairs(args) do
+    if a == "--all" then opts.all = true
+    elseif a == "--dry-run" then opts.dry_run = true
+    else err("reap: unknown option ", a) return 2 end
+  end
+  local report, rerr = sbx.reap(opts)
+  if not report then err(rerr) return 1 end
+  for _, r in ipairs(report.removed) do
+    print(string.format("removed %s (%s)", r.name, r.reason))
+  end
+  print(string.format("reaped %d box(es); %d kept (owner alive)", #report.removed, report.kept))
+  return 0
+end
+
+function commands.tools(args)
+  local format = "sbx"
+  local i = 1
+  while args[i] do
+    if args[i] == "--format" then format = args[i + 1]; i = i + 2
+    else err("tools: unknown option ", args[i]) return 2 end
+  end
+  local out = {}
+  for _, t in ipairs(sbx.tools.definitions()) do
+    out[#out + 1] = setmetatable({ name = t.name, description = t.description, parameters = t.schema },
+      { __jsonorder = { "name", "description", "parameters" } })
+  end
+  if format ~= "sbx" then err("tools: unknown format ", tostring(format)) return 2 end
+  print(sbx.json.encode(sbx.json.array(out)))
+  return 0
+end
+
+function M.main(argv)
+  local args = { table.unpack(argv) }
+  local policy = os.getenv("SBX_POLICY")
+  while args[1] and args[1]:sub(1, 1) == "-" do
+    local a = table.remove(args, 1)
+    if a == "--help" or a == "-h" then io.write(USAGE) return 0
+    elseif a == "--version" then print("sbx " .. sbx.version) return 0
+    elseif a == "--policy" then
+      policy = table.remove(args, 1)
+      if not policy then err("--policy needs a file or a name") return 2 end
+    elseif a:match("^%-%-policy=") then policy = a:sub(10)
+    else err("unknown option ", a, " (see sbx --help)") return 2 end
+  end
+  if policy and policy ~= "" then
+    local ok, perr = pcall(sbx.use_policy, policy)
+    if not ok then err(tostring(perr)) return 2 end
+  end
+  local name = table.remove(args, 1)
+  if not name then io.stderr:write(USAGE) return 2 end
+  local cmd = commands[name]
+  if not cmd then err("unknown command '", name, "' (see sbx --help)") return 2 end
+  local ok, code = pcall(cmd, args)
+  if not ok then err(tostring(code)) return 1 end
+  return code
+end
+
+return M

@@ -1,0 +1,166 @@
+-- sbx: the public Lua API. Mechanism comes from sbx.core (C); everything
+-- that decides (limits, names, texts) comes from the active policy.
+local core = require "sbx.core"
+
+local sbx = {
+  core = core,
+  version = core.version,
+  json = core.json,
+  text = core.text,
+  http = core.http,
+  now = core.now,
+  sleep = core.sleep,
+  event = core.event,
+}
+
+-- Policy ------------------------------------------------------------------
+
+local defaults = require "sbx.policy"
+
+local function is_list(t)
+  return type(t) == "table" and (#t > 0 or next(t) == nil)
+end
+
+-- Merges src over dst in place: tables merge recursively, lists and every
+-- other value replace.
+local function merge(dst, src)
+  for k, v in pairs(src) do
+    if type(v) == "table" and type(dst[k]) == "table" and not is_list(v) and not is_list(dst[k]) then
+      merge(dst[k], v)
+    else
+      dst[k] = v
+    end
+  end
+  return dst
+end
+
+local function deep_copy(t)
+  if type(t) ~= "table" then return t end
+  local c = {}
+  for k, v in pairs(t) do c[k] = deep_copy(v) end
+  return setmetatable(c, getmetatable(t))
+end
+
+sbx.policy = deep_copy(defaults)
+sbx.merge_policy = merge
+
+-- Loads a policy overlay: a table, a bundled name ("lm-deluge") or a file
+-- path whose chunk returns a table (or edits sbx.policy and returns nothing).
+function sbx.use_policy(p)
+  local overlay = p
+  if type(p) == "string" then
+    local ok, mod = pcall(require, "sbx.policies." .. p)
+    if ok then
+      overlay = mod
+    else
+      local chunk, err = loadfile(p, "t")
+      if not chunk then
+        error(string.format("policy '%s' is neither a bundled policy nor a readable file: %s", p, err), 2)
+      end
+      overlay = chunk(sbx.policy)
+    end
+  end
+  if overlay ~= nil then
+    if type(overlay) ~= "table" then error("a policy must return a table", 2) end
+    merge(sbx.policy, deep_copy(overlay))
+  end
+  return sbx.policy
+end
+
+-- Tasks ---------------------------------------------------------------------
+
+local spawned = setmetatable({}, { __mode = "k" })
+
+-- sbx.spawn(fn, ...) -> task: runs fn(...) as a coroutine on the loop.
+function sbx.spawn(fn, ...)
+  local t = core.spawn(fn, ...)
+  spawned[t] = true
+  return t
+end
+
+-- sbx.wait(task [, timeout]) -> the task's results; re-raises its error.
+-- With a timeout, returns nil, "timeout", "timeout" when it is not done.
+function sbx.wait(task, timeout)
+  if not task:join(timeout) then return nil, "timeout", "timeout" end
+  local r = table.pack(task:result())
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+-- sbx.gather(tasks) -> { first result of each task, in order }. Waits for
+-- all of them; then raises the first error, if any.
+function sbx.gather(tasks)
+  local out, first_err = {}, nil
+  for i, t in ipairs(tasks) do
+    t:join()
+    local r = table.pack(t:result())
+    if r[1] then out[i] = r[2] elseif not first_err then first_err = r[2] end
+  end
+  if first_err then error(first_err, 0) end
+  return out
+end
+
+-- sbx.semaphore(n): sem:acquire(), sem:release(), sem:with(fn, ...).
+local Semaphore = {}
+Semaphore.__index = Semaphore
+
+function sbx.semaphore(n)
+  assert(math.type(n) == "integer" and n > 0, "semaphore size must be a positive integer")
+  return setmetatable({ free = n, size = n, queue = {} }, Semaphore)
+end
+
+function Semaphore:acquire()
+  while self.free <= 0 do
+    local ev = core.event()
+    self.queue[#self.queue + 1] = ev
+    ev:wait()
+  end
+  self.free = self.free - 1
+end
+
+function Semaphore:release()
+  self.free = self.free + 1
+  local ev = table.remove(self.queue, 1)
+  if ev then ev:set() end
+end
+
+function Semaphore:with(fn, ...)
+  self:acquire()
+  local r = table.pack(pcall(fn, ...))
+  self:release()
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+-- Runs until every spawned task has finished; reports failures nobody read.
+function sbx.drain()
+  local ok, err = core.drain()
+  for t in pairs(spawned) do
+    if t:status() == "failed" and not t:observed() then
+      local _, msg = t:result()
+      io.stderr:write("sbx: a task failed and nobody waited for it: ", tostring(msg), "\n")
+    end
+    if t:done() then spawned[t] = nil end
+  end
+  if not ok then io.stderr:write("sbx: ", err, "\n") end
+  return ok
+end
+
+-- Boxes -----------------------------------------------------------------------
+
+local box = require "sbx.box"
+box.init(sbx)
+
+sbx.box = box.new
+sbx.boxes = box.open_boxes
+sbx.reap = box.reap
+
+-- Closes every box this process still has open (normal exit, error, signal).
+function sbx.shutdown()
+  box.close_all()
+end
+
+sbx.tools = require "sbx.tools"
+sbx.tools.init(sbx)
+
+return sbx

@@ -1,0 +1,258 @@
+-- The default policy. Every limit, message, name and description sbx uses
+-- lives here; C only carries out what this table says. A policy file (sbx
+-- --policy FILE, SBX_POLICY, or sbx.use_policy from a script) returns a table
+-- that is merged over this one: tables merge key by key, anything else
+-- (numbers, strings, lists, functions) replaces the default.
+local KiB, MiB = 1024, 1024 * 1024
+
+local policy = {}
+
+-- Box defaults: what sbx.box{} uses for every option the caller leaves out.
+policy.box = {
+  backend = "docker",
+  image = "debian:bookworm-slim",
+  workdir = "/work",            -- created by the daemon if the image lacks it
+  memory = 1024 * MiB,          -- bytes; swap is disabled (MemorySwap = Memory)
+  cpus = 1.0,                   -- CPU quota in cores
+  pids = 512,                   -- the fork-bomb ceiling
+  network = "none",             -- "none" isolates; "bridge" gives the box a network
+  env = {},                     -- KEY = value set on the box itself
+  labels = {},                  -- extra labels on the container
+  init = true,                  -- an init as PID 1: reaps zombies, stops in ms
+  read_only = false,            -- read-only root filesystem
+  tmpfs = {},                   -- { ["/tmp"] = "rw,size=64m" }
+  -- Capabilities a shell user in a box never needs; apt-get still works.
+  cap_drop = { "NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT" },
+  cap_add = {},
+  no_new_privileges = true,
+  lifetime = 24 * 3600,         -- seconds; the box stops itself after this, even if sbx dies
+  pull = "missing",             -- "missing" | "always" | "never"
+  name_prefix = "sbx-",
+  docker_host = nil,            -- overrides DOCKER_HOST and the socket search
+  reap_on_start = true,         -- remove boxes of dead sbx processes at the first create
+}
+
+-- Commands.
+policy.exec = {
+  timeout = 120,                -- seconds, when the caller gives none
+  max_timeout = 3600,           -- a larger request is lowered to this
+  -- "auto": bash when the image has it, else sh. Or "bash", "sh", or an
+  -- argv prefix such as { "/bin/zsh", "-c" }.
+  shell = "auto",
+  -- Non-interactive by default: stdin is closed and nothing waits for a user.
+  env = {
+    DEBIAN_FRONTEND = "noninteractive",
+    GIT_TERMINAL_PROMPT = "0",
+    GIT_EDITOR = "true",
+    EDITOR = "true",
+    PAGER = "cat",
+    GIT_PAGER = "cat",
+  },
+  -- Host memory per running command, per stream: first `head` and last
+  -- `tail` bytes are kept, the rest is only counted.
+  capture = {
+    stdout = { head = 64 * KiB, tail = 192 * KiB },
+    stderr = { head = 64 * KiB, tail = 192 * KiB },
+    output = { head = 64 * KiB, tail = 192 * KiB },  -- both streams interleaved
+  },
+  chunk_limit = 1 * MiB,        -- output queued for on_output before reading pauses
+  kill_grace = 3,               -- seconds to wait for a killed command's stream to end
+  -- When the kill cannot run (a fork bomb fills the pids limit) the box is
+  -- restarted: every process in it dies, its files stay.
+  on_unkillable = "restart",    -- "restart" | "leave"
+}
+
+-- Background processes.
+policy.background = {
+  log = { head = 64 * KiB, tail = 1 * MiB },  -- bounded log per process
+  name_pattern = "^[%w][%w_.%-]*$",
+  max_name_length = 64,
+  read_max = 64 * KiB,          -- default bytes per output read
+}
+
+-- Files moved in and out of a box.
+policy.files = {
+  max_read = 16 * MiB,
+  max_write = 256 * MiB,
+  make_parents = true,
+}
+
+-- Process names: p1, p2, ...
+function policy.process_name(box, n)
+  return "p" .. n
+end
+
+-- The shell argv for a command string.
+function policy.shell_argv(shell, command)
+  if type(shell) == "table" then
+    local argv = { table.unpack(shell) }
+    argv[#argv + 1] = command
+    return argv
+  elseif shell == "bash" then
+    return { "bash", "-c", command }
+  elseif shell == "sh" then
+    return { "sh", "-c", command }
+  end
+  -- auto: one sh that execs bash when it exists; costs one execve.
+  return { "sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; fi; exec sh -c "$1"', "sh", command }
+end
+
+-- What the model reads ------------------------------------------------------
+
+policy.output = {
+  head_chars = 2000,            -- shown from the start of the output
+  tail_chars = 6000,            -- shown from the end
+}
+
+local function char_len(s) return utf8.len(s) or #s end
+
+local function first_chars(s, n)
+  if char_len(s) <= n then return s end
+  return s:sub(1, utf8.offset(s, n + 1) - 1)
+end
+
+local function last_chars(s, n)
+  local len = char_len(s)
+  if len <= n then return s end
+  return s:sub(utf8.offset(s, len - n + 1))
+end
+policy.first_chars, policy.last_chars = first_chars, last_chars
+
+-- Head and tail with a line that says how much is missing, in bytes, so the
+-- model knows the size of what it did not see (and can read it from a file).
+function policy.format_output(part, limits)
+  limits = limits or policy.output
+  local head, tail, omitted = part.head, part.tail, part.omitted
+  if omitted == 0 and #tail == 0 then
+    -- Everything was captured; cut only for the model's view.
+    local all = head
+    if char_len(all) <= limits.head_chars + limits.tail_chars then return all end
+    head = first_chars(all, limits.head_chars)
+    tail = last_chars(all, limits.tail_chars)
+    omitted = #all - #head - #tail
+  else
+    head = first_chars(head, limits.head_chars)
+    local cut_head = #part.head - #head
+    local t = last_chars(tail, limits.tail_chars)
+    omitted = omitted + cut_head + (#tail - #t)
+    tail = t
+  end
+  return string.format("%s\n...[%d bytes omitted; %d bytes in all]...\n%s",
+    head, omitted, part.bytes, tail)
+end
+
+-- The text for one command result.
+function policy.format_result(r)
+  local out = policy.format_output(r.parts.output)
+  local lines = {}
+  if r.timed_out then
+    lines[#lines + 1] = string.format("[Timed out after %gs; the command and its child processes were killed]", r.timeout)
+  elseif r.error then
+    lines[#lines + 1] = "[Error: " .. r.error .. "]"
+  elseif r.exit_code ~= 0 then
+    lines[#lines + 1] = string.format("[Exit code: %s]", tostring(r.exit_code))
+  end
+  if r.box_restarted then
+    lines[#lines + 1] = "[The box was restarted to stop runaway processes; files are kept, processes are gone]"
+  end
+  if out == "" then
+    if #lines == 0 then return "(no output)" end
+    lines[#lines + 1] = "(no output)"
+  else
+    lines[#lines + 1] = out
+  end
+  return table.concat(lines, "\n")
+end
+
+function policy.format_started(p)
+  return string.format("Started background process '%s'.\nCommand: %s\nUse list_processes to check its status, process_output to read its output, kill_process to stop it.",
+    p.name, p.command)
+end
+
+local function status_text(p)
+  if p.status == "running" then return "running" end
+  if p.status == "killed" then return "killed" end
+  if p.status == "failed" then return "failed: " .. tostring(p.error) end
+  return "exited " .. tostring(p.exit_code)
+end
+policy.status_text = status_text
+
+function policy.format_processes(list, name)
+  if #list == 0 then return "No background processes have been started." end
+  if name then
+    for _, p in ipairs(list) do
+      if p.name == name then
+        return string.format("Process: %s\nCommand: %s\nStatus: %s\nRunning for: %.1fs\nOutput: %d bytes",
+          p.name, p.command, status_text(p), p.elapsed, p.output_bytes)
+      end
+    end
+    local names = {}
+    for _, p in ipairs(list) do names[#names + 1] = p.name end
+    return string.format("Process '%s' not found. Available: %s", name, table.concat(names, ", "))
+  end
+  local rows = { string.format("%-8s %-12s %-9s %-10s %s", "NAME", "STATUS", "ELAPSED", "OUTPUT", "COMMAND") }
+  for _, p in ipairs(list) do
+    local cmd = p.command
+    if utf8.len(cmd) and utf8.len(cmd) > 60 then cmd = first_chars(cmd, 60) .. "..." end
+    rows[#rows + 1] = string.format("%-8s %-12s %-9s %-10s %s", p.name, status_text(p),
+      string.format("%.1fs", p.elapsed), p.output_bytes .. "B", cmd)
+  end
+  return table.concat(rows, "\n")
+end
+
+function policy.format_process_output(o)
+  local lines = {}
+  if o.skipped > 0 then
+    lines[#lines + 1] = string.format("[%d bytes before offset %d are no longer kept]", o.skipped, o.offset + o.skipped)
+  end
+  lines[#lines + 1] = o.text ~= "" and o.text or "(no new output)"
+  lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", status_text(o.process), o.next_offset, o.total)
+  return table.concat(lines, "\n")
+end
+
+function policy.format_killed(p)
+  return string.format("Process '%s' stopped (%s).", p.name, status_text(p))
+end
+
+-- How a failed tool call reads to the model: it says what to change.
+function policy.format_tool_error(msg)
+  return "Error: " .. msg
+end
+
+-- The tools handed to a model --------------------------------------------------
+
+policy.tools = {
+  bash = {
+    description = "Run a shell command in the sandbox (bash when the image has it, else sh) and return its output. stdin is closed; nothing interactive works. Long output keeps its beginning and end. A command that runs past its timeout is killed with all its child processes. Set run_in_background=true for servers and other long-running processes, then use process_output and kill_process.",
+    parameters = {
+      { "command", { type = "string", description = "The shell command to run." }, required = true },
+      { "timeout", { type = "integer", minimum = 1, description = "Seconds before the command is killed (default 120, at most 3600). Ignored with run_in_background." } },
+      { "run_in_background", { type = "boolean", description = "Start the command and return at once with a process name instead of waiting for it." } },
+      { "name", { type = "string", description = "Name for a background process (letters, digits, '_', '.', '-'); default p1, p2, ..." } },
+    },
+  },
+  list_processes = {
+    description = "List background processes with their status, elapsed time and output size, or show one process by name.",
+    parameters = {
+      { "name", { type = "string", description = "A process name; omit to list all." } },
+    },
+  },
+  process_output = {
+    description = "Read the output (stdout and stderr interleaved) of a background process. Pass the returned next offset to read only what is new.",
+    parameters = {
+      { "name", { type = "string", description = "The process name." }, required = true },
+      { "offset", { type = "integer", minimum = 0, description = "Byte offset to read from (default 0)." } },
+      { "max_bytes", { type = "integer", minimum = 1, description = "Most bytes to return (default 65536)." } },
+    },
+  },
+  kill_process = {
+    description = "Stop a background process and all its child processes.",
+    parameters = {
+      { "name", { type = "string", description = "The process name." }, required = true },
+      { "signal", { type = "string", enum = { "TERM", "KILL", "INT", "HUP" }, description = "Signal to send (default KILL)." } },
+    },
+  },
+}
+policy.tool_order = { "bash", "list_processes", "process_output", "kill_process" }
+
+return policy

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Prepare a Debian 12 host for building and testing sbx: packages, a running
+# dockerd, and the base images. Safe to run repeatedly.
+#
+# Usage: scripts/setup.sh [--no-images] [--podman] [--force-images]
+# Env:   SBX_SETUP_EXTRA_PACKAGES  extra Debian packages (space separated)
+#        DOCKER_HOST               unix:///path/to/docker.sock (default /var/run/docker.sock)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+log() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+with_images=1
+with_podman=0
+image_args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-images) with_images=0 ;;
+        --podman) with_podman=1 ;;
+        --force-images) image_args+=(--force) ;;
+        -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option: $1" ;;
+    esac
+    shift
+done
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (installs packages, starts dockerd)"
+
+packages=(
+    # build
+    build-essential pkg-config lua5.4 liblua5.4-dev libcurl4-openssl-dev
+    libcjson-dev libssl-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
+    # runtime
+    docker.io iptables ca-certificates
+    # image building
+    busybox-static debootstrap
+    # tests
+    valgrind procps psmisc curl
+)
+[ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
+# Word splitting is the point: the variable is a space separated list.
+# shellcheck disable=SC2206
+packages+=(${SBX_SETUP_EXTRA_PACKAGES:-})
+
+# --- packages ---------------------------------------------------------------
+missing=()
+for p in "${packages[@]}"; do
+    # "install ok installed" is the only state that means usable; half-configured
+    # or removed-with-config packages must be (re)installed too.
+    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    [ "$st" = "install ok installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    log "all ${#packages[@]} packages already installed"
+fi
+
+# --- dockerd ----------------------------------------------------------------
+docker_host=${DOCKER_HOST:-unix:///var/run/docker.sock}
+case "$docker_host" in
+    unix:///*) sock=${docker_host#unix://} ;;
+    *) die "DOCKER_HOST must be unix:///path (got $docker_host)" ;;
+esac
+
+ping_docker() {
+    [ "$(curl -sf --max-time 5 --unix-socket "$sock" http://localhost/_ping 2>/dev/null)" = OK ]
+}
+
+dockerd_log=/var/log/sbx-dockerd.log
+if ping_docker; then
+    log "docker daemon answers on $sock"
+else
+    started=0
+    # Under systemd the unit owns dockerd (and its containerd); a second,
+    # hand-started daemon would fight it over the pid file and socket.
+    if [ -d /run/systemd/system ] && [ "$sock" = /var/run/docker.sock ] \
+        && systemctl start docker 2>/dev/null; then
+        log "started docker via systemctl"
+        started=1
+    fi
+    if [ "$started" -eq 0 ]; then
+        if pid=$(pgrep -x dockerd | head -n1) && [ -n "$pid" ]; then
+            # Probably still starting up (or wedged); launching another would
+            # only fail on /var/run/docker.pid, so just wait for it.
+            log "dockerd (pid $pid) is running but $sock does not answer yet; waiting"
+        else
+            log "starting dockerd (log: $dockerd_log)"
+            dockerd_args=()
+            [ "$sock" = /var/run/docker.sock ] || dockerd_args+=(-H "unix://$sock")
+            nohup dockerd "${dockerd_args[@]}" >"$dockerd_log" 2>&1 </dev/null &
+            dockerd_pid=$!
+            disown
+        fi
+    fi
+    for _ in $(seq 60); do
+        ping_docker && break
+        # No point waiting out the minute for a daemon that already died.
+        if [ -n "${dockerd_pid:-}" ] && ! kill -0 "$dockerd_pid" 2>/dev/null; then
+            break
+        fi
+        sleep 1
+    done
+    if ! ping_docker; then
+        reason="did not answer within 60s"
+        if [ -n "${dockerd_pid:-}" ] && ! kill -0 "$dockerd_pid" 2>/dev/null; then
+            reason="exited"
+        fi
+        printf 'setup: error: docker daemon on %s %s\n' "$sock" "$reason" >&2
+        if [ -s "$dockerd_log" ]; then
+            printf 'setup: last lines of %s:\n' "$dockerd_log" >&2
+            tail -n 20 "$dockerd_log" >&2
+        elif [ "$started" -eq 1 ]; then
+            journalctl -u docker -n 20 --no-pager >&2 2>/dev/null || true
+        fi
+        exit 1
+    fi
+    log "docker daemon is up on $sock"
+fi
+
+# --- images -----------------------------------------------------------------
+if [ "$with_images" -eq 1 ]; then
+    DOCKER_HOST="unix://$sock" "$here/build-images.sh" "${image_args[@]}"
+else
+    log "skipping images (--no-images)"
+fi
+log "done"

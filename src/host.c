@@ -1,0 +1,847 @@
+/*
+** The host: event loop, coroutine scheduler, waits, events, signals.
+**
+** Contract: loop callbacks never run Lua. They mark a waiter woken and queue
+** its task; sbx_drive resumes queued tasks between uv_run passes. Because of
+** that a task that must block where it cannot yield can run the driver again
+** (nested) without re-entering uv_run from inside a callback.
+*/
+#include "host.h"
+#include "sbx.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char HOST_KEY = 'h';
+#define TASK_MT "sbx.task"
+#define EVENT_MT "sbx.event"
+#define OP_MT "sbx.op"
+
+enum { TASK_READY, TASK_WAITING, TASK_DONE, TASK_FAILED };
+
+struct sbx_task {
+  struct sbx_host *host;
+  lua_State *co;
+  int co_ref;           /* anchors the thread while it runs */
+  int self_ref;         /* anchors this userdata while it runs */
+  int results_ref;      /* table of results, or {false, error} */
+  int status;
+  int observed;         /* someone asked for the result */
+  int cancel_requested;
+  int in_queue;
+  struct sbx_waiter *waiting;
+  struct sbx_task *next_ready;
+  int id;
+};
+
+struct sbx_event {
+  struct sbx_host *host;
+  int set;
+};
+
+/* ---------------------------------------------------------------- time */
+
+double
+sbx_now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int
+sbx_pushfail(lua_State *L, const char *code, const char *fmt, ...)
+{
+  va_list ap;
+  lua_pushnil(L);
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_pushstring(L, code);
+  return 3;
+}
+
+struct sbx_host *
+sbx_host_get(lua_State *L)
+{
+  struct sbx_host *h;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &HOST_KEY);
+  h = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (!h)
+    luaL_error(L, "sbx host not initialised (require 'sbx' first)");
+  return h;
+}
+
+/* ---------------------------------------------------------------- waits */
+
+static void
+pending_unlink(struct sbx_waiter *w)
+{
+  if (w->prev) {
+    w->prev->next = w->next;
+    w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+  }
+}
+
+static void
+timer_free_cb(uv_handle_t *t)
+{
+  free(t);
+}
+
+static void
+waiter_stop_timer(struct sbx_waiter *w)
+{
+  if (w->timer) {
+    uv_timer_stop(w->timer);
+    uv_close((uv_handle_t *)w->timer, timer_free_cb);
+    w->timer = NULL;
+  }
+}
+
+static void
+task_make_ready(struct sbx_task *t)
+{
+  struct sbx_host *h = t->host;
+  if (t->in_queue)
+    return;
+  t->in_queue = 1;
+  t->next_ready = NULL;
+  if (h->ready_last)
+    h->ready_last->next_ready = t;
+  else
+    h->ready_first = t;
+  h->ready_last = t;
+}
+
+void
+sbx_wake(struct sbx_waiter *w)
+{
+  if (w->woken)
+    return;
+  w->woken = 1;
+  pending_unlink(w);
+  waiter_stop_timer(w);
+  if (w->detach)
+    w->detach(w);
+  if (w->task)
+    task_make_ready(w->task);
+}
+
+static void
+deadline_cb(uv_timer_t *t)
+{
+  struct sbx_waiter *w = t->data;
+  w->timed_out = 1;
+  sbx_wake(w);
+}
+
+int
+sbx_waiter_deadline(struct sbx_waiter *w, double seconds)
+{
+  uint64_t ms;
+  if (seconds < 0 || w->woken)
+    return 0;
+  w->timer = malloc(sizeof *w->timer);
+  if (!w->timer)
+    return -1;
+  uv_timer_init(&w->host->loop, w->timer);
+  w->timer->data = w;
+  ms = (uint64_t)(seconds * 1000.0 + 0.5);
+  uv_timer_start(w->timer, deadline_cb, ms, 0);
+  return 0;
+}
+
+static void
+waiter_cancel(struct sbx_waiter *w, int why)
+{
+  if (w->woken)
+    return;
+  w->cancelled = why;
+  if (w->cancel)
+    w->cancel(w);
+  sbx_wake(w);
+}
+
+static int
+op_gc(lua_State *L)
+{
+  struct sbx_waiter *w = lua_touserdata(L, 1);
+  if (w && !w->woken) {
+    w->task = NULL; /* the thread is gone: nothing to resume */
+    waiter_cancel(w, SBX_CANCEL_CLOSE);
+  }
+  return 0;
+}
+
+struct sbx_waiter *
+sbx_op_new(lua_State *L, size_t size, sbx_cancel_fn cancel)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  struct sbx_waiter *w = lua_newuserdatauv(L, size, 1);
+  memset(w, 0, size);
+  w->host = h;
+  w->cancel = cancel;
+  luaL_setmetatable(L, OP_MT);
+  w->next = h->pending.next;
+  w->prev = &h->pending;
+  h->pending.next->prev = w;
+  h->pending.next = w;
+  return w;
+}
+
+static struct sbx_task *
+task_of(lua_State *L)
+{
+  return *(struct sbx_task **)lua_getextraspace(L);
+}
+
+int
+sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
+{
+  struct sbx_task *t = task_of(L);
+  if (w->woken)
+    return k(L, LUA_OK, ctx);
+  if (t && t->co == L && lua_isyieldable(L)) {
+    w->task = t;
+    t->waiting = w;
+    t->status = TASK_WAITING;
+    return lua_yieldk(L, 0, ctx, k);
+  }
+  switch (sbx_drive(w->host, &w->woken)) {
+  case -1:
+    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+    break;
+  case -2:
+    waiter_cancel(w, SBX_CANCEL_CLOSE);
+    return luaL_error(L, "deadlock: this wait can never end (no task, timer or I/O left to wake it)");
+  }
+  return k(L, LUA_OK, ctx);
+}
+
+int
+sbx_raise_cancelled(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  struct sbx_task *t = task_of(L);
+  if (t && t->cancel_requested)
+    return luaL_error(L, "cancelled");
+  return luaL_error(L, "interrupted (signal %d)", h->last_signal);
+}
+
+/* ---------------------------------------------------------------- tasks */
+
+static void
+task_finish(struct sbx_task *t, lua_State *co, int ok, int nres)
+{
+  struct sbx_host *h = t->host;
+  int i;
+  lua_createtable(co, nres + 1, 1);
+  lua_insert(co, -(nres + 1));
+  lua_pushboolean(co, ok);
+  lua_rawseti(co, -(nres + 2), 1);
+  for (i = nres; i >= 1; i--)
+    lua_rawseti(co, -(i + 1), i + 1);
+  lua_pushinteger(co, nres + 1);
+  lua_setfield(co, -2, "n");
+  t->results_ref = luaL_ref(co, LUA_REGISTRYINDEX);
+  t->status = ok ? TASK_DONE : TASK_FAILED;
+  t->waiting = NULL;
+  h->tasks_alive--;
+  /* Wake everything joined on this task. */
+  {
+    struct sbx_waiter *w = h->pending.next, *next;
+    for (; w != &h->pending; w = next) {
+      next = w->next;
+      if (w->source == t)
+        sbx_wake(w);
+    }
+  }
+  luaL_unref(co, LUA_REGISTRYINDEX, t->self_ref);
+  t->self_ref = LUA_NOREF;
+  /* The thread may be collected now; its results live in the table. */
+  luaL_unref(co, LUA_REGISTRYINDEX, t->co_ref);
+  t->co_ref = LUA_NOREF;
+  t->co = NULL;
+}
+
+static void
+task_resume(struct sbx_task *t)
+{
+  lua_State *co = t->co;
+  int nres = 0, st, nargs;
+  t->in_queue = 0;
+  t->waiting = NULL;
+  t->status = TASK_READY;
+  nargs = lua_status(co) == LUA_OK ? lua_gettop(co) - 1 : 0;
+  st = lua_resume(co, NULL, nargs, &nres);
+  if (st == LUA_YIELD) {
+    lua_pop(co, nres);
+    if (!t->waiting)
+      task_make_ready(t); /* a plain coroutine.yield: just let others run */
+  }
+  else if (st == LUA_OK)
+    task_finish(t, co, 1, nres);
+  else {
+    const char *msg = lua_tostring(co, -1);
+    if (!msg)
+      msg = luaL_tolstring(co, -1, NULL);
+    luaL_traceback(co, co, msg, 0);
+    lua_replace(co, 1);
+    lua_settop(co, 1);
+#if LUA_VERSION_RELEASE_NUM >= 50406
+    lua_closethread(co, NULL);
+#else
+    lua_resetthread(co);
+#endif
+    lua_settop(co, 1);
+    task_finish(t, co, 0, 1);
+  }
+}
+
+static void
+run_ready(struct sbx_host *h)
+{
+  struct sbx_task *t;
+  while ((t = h->ready_first)) {
+    h->ready_first = t->next_ready;
+    if (!h->ready_first)
+      h->ready_last = NULL;
+    if (t->co)
+      task_resume(t);
+  }
+}
+
+static void
+deliver_interrupt(struct sbx_host *h)
+{
+  struct sbx_waiter *w = h->pending.next, *next;
+  h->interrupt_pending = 0;
+  for (; w != &h->pending; w = next) {
+    next = w->next;
+    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+  }
+}
+
+int
+sbx_drive(struct sbx_host *h, const int *flag)
+{
+  for (;;) {
+    run_ready(h);
+    if (flag && *flag)
+      return 0;
+    if (h->interrupt_pending) {
+      deliver_interrupt(h);
+      run_ready(h);
+      return flag ? -1 : 0;
+    }
+    if (!flag && h->tasks_alive == 0 && h->detached == 0)
+      return 0;
+    if (!h->ready_first && !uv_loop_alive(&h->loop))
+      return flag || h->tasks_alive ? -2 : 0;
+    uv_run(&h->loop, UV_RUN_ONCE);
+  }
+}
+
+static struct sbx_task *
+check_task(lua_State *L, int i)
+{
+  return luaL_checkudata(L, i, TASK_MT);
+}
+
+/* core.spawn(fn, ...) -> task. The task starts on the next scheduler pass. */
+static int
+core_spawn(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  int n = lua_gettop(L);
+  struct sbx_task *t;
+  lua_State *co;
+  static int next_id;
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  t = lua_newuserdatauv(L, sizeof *t, 0);
+  memset(t, 0, sizeof *t);
+  t->host = h;
+  t->co_ref = t->self_ref = t->results_ref = LUA_NOREF;
+  t->id = ++next_id;
+  luaL_setmetatable(L, TASK_MT);
+  co = lua_newthread(L);
+  *(struct sbx_task **)lua_getextraspace(co) = t;
+  t->co = co;
+  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);      /* [args.., task] */
+  lua_pushvalue(L, -1);
+  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, -1);
+  lua_insert(L, 1);                                /* [task, fn, args.., task] */
+  lua_pop(L, 1);
+  lua_xmove(L, co, n);                             /* fn and args to the thread */
+  h->tasks_alive++;
+  task_make_ready(t);
+  return 1;
+}
+
+static int join_k(lua_State *L, int status, lua_KContext ctx);
+
+/* task:join([timeout]) -> true when finished, false on timeout. May yield. */
+static int
+task_join(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  double timeout = luaL_optnumber(L, 2, -1);
+  struct sbx_waiter *w;
+  if (t->status == TASK_DONE || t->status == TASK_FAILED) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (t == task_of(L) && t->co == L)
+    return luaL_error(L, "a task cannot wait for itself");
+  w = sbx_op_new(L, sizeof *w, NULL);
+  w->source = t;
+  sbx_waiter_deadline(w, timeout);
+  return sbx_await(L, w, join_k, 0);
+}
+
+static int
+join_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct sbx_waiter *w = lua_touserdata(L, -1);
+  struct sbx_task *t = check_task(L, 1);
+  (void)status;
+  (void)ctx;
+  if (w->cancelled)
+    return sbx_raise_cancelled(L);
+  lua_pushboolean(L, t->status == TASK_DONE || t->status == TASK_FAILED);
+  return 1;
+}
+
+/* task:result() -> true, results... | false, error | nil when still running */
+static int
+task_result(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  int n, i;
+  if (t->results_ref == LUA_NOREF) {
+    lua_pushnil(L);
+    return 1;
+  }
+  t->observed = 1;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, t->results_ref);
+  lua_getfield(L, -1, "n");
+  n = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  luaL_checkstack(L, n, "too many results");
+  for (i = 1; i <= n; i++)
+    lua_rawgeti(L, -i, i);
+  return n;
+}
+
+static int
+task_status(lua_State *L)
+{
+  static const char *const names[] = { "ready", "waiting", "done", "failed" };
+  struct sbx_task *t = check_task(L, 1);
+  lua_pushstring(L, names[t->status]);
+  return 1;
+}
+
+static int
+task_done(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  lua_pushboolean(L, t->status == TASK_DONE || t->status == TASK_FAILED);
+  return 1;
+}
+
+/* task:cancel(): a waiting task wakes with the error "cancelled". */
+static int
+task_cancel(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  if (t->status == TASK_DONE || t->status == TASK_FAILED) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  t->cancel_requested = 1;
+  if (t->waiting)
+    waiter_cancel(t->waiting, SBX_CANCEL_TASK);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int
+task_observed(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  lua_pushboolean(L, t->observed);
+  return 1;
+}
+
+static int
+task_tostring(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  static const char *const names[] = { "ready", "waiting", "done", "failed" };
+  lua_pushfstring(L, "sbx.task %d (%s)", t->id, names[t->status]);
+  return 1;
+}
+
+static int
+task_gc(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  if (t->results_ref != LUA_NOREF) {
+    luaL_unref(L, LUA_REGISTRYINDEX, t->results_ref);
+    t->results_ref = LUA_NOREF;
+  }
+  return 0;
+}
+
+static int
+core_current(lua_State *L)
+{
+  struct sbx_task *t = task_of(L);
+  if (t && t->co == L && t->self_ref != LUA_NOREF)
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- sleep, events */
+
+static int sleep_k(lua_State *L, int status, lua_KContext ctx);
+
+/* core.sleep(seconds). May yield. */
+static int
+core_sleep(lua_State *L)
+{
+  double s = luaL_checknumber(L, 1);
+  struct sbx_waiter *w;
+  luaL_argcheck(L, s >= 0, 1, "negative duration");
+  w = sbx_op_new(L, sizeof *w, NULL);
+  sbx_waiter_deadline(w, s);
+  return sbx_await(L, w, sleep_k, 0);
+}
+
+static int
+sleep_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct sbx_waiter *w = lua_touserdata(L, -1);
+  (void)status;
+  (void)ctx;
+  if (w->cancelled)
+    return sbx_raise_cancelled(L);
+  return 0;
+}
+
+/* core.yield(): lets every other ready task run once. */
+static int
+core_yield(lua_State *L)
+{
+  lua_settop(L, 1);
+  lua_pushnumber(L, 0);
+  lua_replace(L, 1);
+  return core_sleep(L);
+}
+
+static int
+core_event(lua_State *L)
+{
+  struct sbx_event *e = lua_newuserdatauv(L, sizeof *e, 0);
+  e->host = sbx_host_get(L);
+  e->set = 0;
+  luaL_setmetatable(L, EVENT_MT);
+  return 1;
+}
+
+static int
+event_set(lua_State *L)
+{
+  struct sbx_event *e = luaL_checkudata(L, 1, EVENT_MT);
+  struct sbx_waiter *w, *next;
+  e->set = 1;
+  for (w = e->host->pending.next; w != &e->host->pending; w = next) {
+    next = w->next;
+    if (w->source == e)
+      sbx_wake(w);
+  }
+  return 0;
+}
+
+static int
+event_clear(lua_State *L)
+{
+  struct sbx_event *e = luaL_checkudata(L, 1, EVENT_MT);
+  e->set = 0;
+  return 0;
+}
+
+static int
+event_is_set(lua_State *L)
+{
+  struct sbx_event *e = luaL_checkudata(L, 1, EVENT_MT);
+  lua_pushboolean(L, e->set);
+  return 1;
+}
+
+static int
+event_wait_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct sbx_waiter *w = lua_touserdata(L, -1);
+  struct sbx_event *e = luaL_checkudata(L, 1, EVENT_MT);
+  (void)status;
+  (void)ctx;
+  if (w->cancelled)
+    return sbx_raise_cancelled(L);
+  lua_pushboolean(L, e->set);
+  return 1;
+}
+
+/* ev:wait([timeout]) -> true once set, false on timeout. May yield. */
+static int
+event_wait(lua_State *L)
+{
+  struct sbx_event *e = luaL_checkudata(L, 1, EVENT_MT);
+  double timeout = luaL_optnumber(L, 2, -1);
+  struct sbx_waiter *w;
+  lua_settop(L, 1);
+  if (e->set) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  w = sbx_op_new(L, sizeof *w, NULL);
+  w->source = e;
+  sbx_waiter_deadline(w, timeout);
+  return sbx_await(L, w, event_wait_k, 0);
+}
+
+/* ---------------------------------------------------------------- misc */
+
+static int
+core_now(lua_State *L)
+{
+  lua_pushnumber(L, sbx_now());
+  return 1;
+}
+
+static int
+core_pid(lua_State *L)
+{
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+/* core.path_type(path) -> "file" | "dir" | "socket" | "other" | nil */
+static int
+core_path_type(lua_State *L)
+{
+  struct stat st;
+  const char *path = luaL_checkstring(L, 1);
+  if (stat(path, &st) != 0) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushstring(L, S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "dir"
+                    : S_ISSOCK(st.st_mode) ? "socket" : "other");
+  return 1;
+}
+
+/* core.drain(): runs until every task has finished. */
+static int
+core_drain(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  int rc = sbx_drive(h, NULL);
+  if (rc == -2)
+    return sbx_pushfail(L, "deadlock", "%d task(s) wait for something that can never happen", h->tasks_alive);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.signals() -> count, last signal number */
+static int
+core_signals(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  lua_pushinteger(L, h->signals);
+  lua_pushinteger(L, h->last_signal);
+  return 2;
+}
+
+/* core.exit(code): leaves at once, for the CLI's last word. */
+static int
+core_exit(lua_State *L)
+{
+  int code = (int)luaL_optinteger(L, 1, 0);
+  fflush(NULL);
+  _exit(code);
+  return 0;
+}
+
+static void
+signal_cb(uv_signal_t *s, int signum)
+{
+  struct sbx_host *h = s->data;
+  h->signals++;
+  h->last_signal = signum;
+  h->interrupt_pending = 1;
+  if (h->signals >= 3) {
+    /* The user insists: cleanup is not coming back. */
+    static const char msg[] = "sbx: third signal, exiting without cleanup\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(128 + signum);
+  }
+}
+
+static void
+host_teardown(struct sbx_host *h)
+{
+  struct sbx_waiter *w, *next;
+  if (h->closed)
+    return;
+  h->closed = 1;
+  for (w = h->pending.next; w != &h->pending; w = next) {
+    next = w->next;
+    w->task = NULL;
+    waiter_cancel(w, SBX_CANCEL_CLOSE);
+  }
+  sbx_http_shutdown(h);
+  uv_close((uv_handle_t *)&h->sig_int, NULL);
+  uv_close((uv_handle_t *)&h->sig_term, NULL);
+  uv_run(&h->loop, UV_RUN_DEFAULT);
+  if (uv_loop_close(&h->loop) != 0) {
+    uv_run(&h->loop, UV_RUN_NOWAIT);
+    uv_loop_close(&h->loop);
+  }
+}
+
+static int
+host_gc(lua_State *L)
+{
+  struct sbx_host *h = lua_touserdata(L, 1);
+  host_teardown(h);
+  return 0;
+}
+
+static const luaL_Reg core_funcs[] = {
+  { "spawn", core_spawn },
+  { "current", core_current },
+  { "sleep", core_sleep },
+  { "yield", core_yield },
+  { "event", core_event },
+  { "now", core_now },
+  { "pid", core_pid },
+  { "path_type", core_path_type },
+  { "drain", core_drain },
+  { "signals", core_signals },
+  { "exit", core_exit },
+  { NULL, NULL }
+};
+
+static const luaL_Reg task_methods[] = {
+  { "join", task_join },
+  { "result", task_result },
+  { "status", task_status },
+  { "done", task_done },
+  { "cancel", task_cancel },
+  { "observed", task_observed },
+  { NULL, NULL }
+};
+
+static const luaL_Reg task_meta[] = {
+  { "__gc", task_gc },
+  { "__tostring", task_tostring },
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
+static const luaL_Reg event_methods[] = {
+  { "set", event_set },
+  { "clear", event_clear },
+  { "is_set", event_is_set },
+  { "wait", event_wait },
+  { NULL, NULL }
+};
+
+static const luaL_Reg event_meta[] = {
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
+static void
+create_meta(lua_State *L, const char *name, const luaL_Reg *meta, const luaL_Reg *methods)
+{
+  luaL_newmetatable(L, name);
+  luaL_setfuncs(L, meta, 0);
+  if (methods) {
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+  }
+  lua_pop(L, 1);
+}
+
+static struct sbx_host *
+host_create(lua_State *L)
+{
+  struct sbx_host *h;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &HOST_KEY);
+  h = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (h)
+    return h;
+  h = lua_newuserdatauv(L, sizeof *h, 0);
+  memset(h, 0, sizeof *h);
+  if (uv_loop_init(&h->loop) != 0)
+    luaL_error(L, "cannot initialise the event loop");
+  h->L = L;
+  h->pending.next = h->pending.prev = &h->pending;
+  lua_newtable(L);
+  lua_pushcfunction(L, host_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &HOST_KEY);
+  uv_signal_init(&h->loop, &h->sig_int);
+  uv_signal_init(&h->loop, &h->sig_term);
+  h->sig_int.data = h->sig_term.data = h;
+  uv_signal_start(&h->sig_int, signal_cb, SIGINT);
+  uv_signal_start(&h->sig_term, signal_cb, SIGTERM);
+  uv_unref((uv_handle_t *)&h->sig_int);
+  uv_unref((uv_handle_t *)&h->sig_term);
+  return h;
+}
+
+/* require "sbx.core": the C mechanism as one table of submodules. */
+int
+luaopen_sbx_core(lua_State *L)
+{
+  host_create(L);
+  create_meta(L, TASK_MT, task_meta, task_methods);
+  create_meta(L, EVENT_MT, event_meta, event_methods);
+  luaL_newmetatable(L, OP_MT);
+  lua_pushcfunction(L, op_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  luaL_newlib(L, core_funcs);
+  sbx_open_http(L);
+  lua_setfield(L, -2, "http");
+  sbx_open_json(L);
+  lua_setfield(L, -2, "json");
+  sbx_open_stream(L);
+  lua_setfield(L, -2, "stream");
+  sbx_open_text(L);
+  lua_setfield(L, -2, "text");
+  lua_pushstring(L, SBX_VERSION);
+  lua_setfield(L, -2, "version");
+  return 1;
+}

@@ -1,0 +1,94 @@
+/*
+** The host: one libuv loop, one Lua state, a coroutine scheduler and the
+** waiters that connect event-loop completions to waiting Lua code.
+** Internal to sbx; the embedding API is sbx.h.
+*/
+#ifndef SBX_HOST_H
+#define SBX_HOST_H
+
+#include <uv.h>
+#include <lua.h>
+#include <lauxlib.h>
+
+struct sbx_task;
+struct sbx_waiter;
+
+/* Called when the waiting code is cancelled (interrupt): stop the operation. */
+typedef void (*sbx_cancel_fn)(struct sbx_waiter *w);
+
+/*
+** One wait of one Lua thread. Blocking primitives embed it in their operation
+** struct; the loop side calls sbx_wake and never touches Lua. Intrusive links
+** let an event keep many waiters.
+*/
+struct sbx_waiter {
+  struct sbx_host *host;
+  struct sbx_task *task;   /* the task that yielded, NULL when blocking */
+  int woken;
+  int timed_out;           /* woken by its deadline */
+  int cancelled;           /* 0, or SBX_CANCEL_* when woken by a cancel */
+  sbx_cancel_fn cancel;    /* stops the operation (cancel, interrupt, gc) */
+  sbx_cancel_fn detach;    /* unregisters from its source on every wake */
+  void *source;            /* what it waits on (an event, a stream, ...) */
+  uv_timer_t *timer;       /* optional deadline */
+  struct sbx_waiter *prev, *next; /* in the host's list of pending waits */
+};
+
+enum { SBX_CANCEL_INTERRUPT = 1, SBX_CANCEL_TASK = 2, SBX_CANCEL_CLOSE = 3 };
+
+struct sbx_host {
+  uv_loop_t loop;
+  lua_State *L;
+  struct sbx_task *ready_first, *ready_last;
+  struct sbx_waiter pending;      /* list head of every pending wait */
+  int tasks_alive;
+  int detached;                   /* operations nobody waits for (cleanup) */
+  uv_signal_t sig_int, sig_term;
+  int signals;                    /* how many SIGINT/SIGTERM arrived */
+  int interrupt_pending;          /* an interrupt not yet delivered */
+  int last_signal;
+  struct sbx_http *http;          /* libcurl multi on the loop, lazily */
+  int closed;
+};
+
+/* The host of a Lua state (created by luaopen_sbx_core). */
+struct sbx_host *sbx_host_get(lua_State *L);
+
+/*
+** Pushes a new operation userdata of size bytes whose first member is a
+** struct sbx_waiter, already pending (an interrupt reaches it). Its __gc
+** cancels the operation if the thread waiting on it is collected.
+*/
+struct sbx_waiter *sbx_op_new(lua_State *L, size_t size, sbx_cancel_fn cancel);
+/* Arms a deadline after seconds (< 0: none); firing wakes w with timed_out. */
+int sbx_waiter_deadline(struct sbx_waiter *w, double seconds);
+/* Marks w done and schedules its task; safe from any loop callback. */
+void sbx_wake(struct sbx_waiter *w);
+
+/*
+** Waits for w. In a task it yields with continuation k; elsewhere (the main
+** chunk, a plain coroutine, a non-yieldable call) it runs the loop until w is
+** woken, then calls k. k must check w->cancelled. May yield, may raise.
+*/
+int sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx);
+
+/* Runs the loop until *flag is set (or, for flag NULL, until nothing is left).
+** Returns 0, or -1 on an interrupt, or -2 when nothing could ever set *flag. */
+int sbx_drive(struct sbx_host *h, const int *flag);
+
+/* Raises the error for a cancelled wait ("interrupted"). */
+int sbx_raise_cancelled(lua_State *L);
+
+/* Pushes nil, message, code and returns 3: environmental failures. */
+int sbx_pushfail(lua_State *L, const char *code, const char *fmt, ...);
+
+double sbx_now(void);
+
+/* Lua modules implemented in C. */
+int sbx_open_http(lua_State *L);
+int sbx_open_json(lua_State *L);
+int sbx_open_stream(lua_State *L);
+int sbx_open_text(lua_State *L);
+void sbx_http_shutdown(struct sbx_host *h);
+
+#endif

@@ -1,0 +1,50 @@
+/*
+** The sbx command: a Lua host whose command line lives in lua/sbx/cli.lua.
+** main only builds the state and hands over argv; the exit status comes
+** back from cli.main.
+*/
+#include "sbx.h"
+
+#include <lauxlib.h>
+#include <stdio.h>
+
+static int
+pmain(lua_State *L)
+{
+  int argc = (int)lua_tointeger(L, 1);
+  char **argv = lua_touserdata(L, 2);
+  int i;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "sbx.cli");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "main");
+  lua_createtable(L, argc, 0);
+  for (i = 1; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i);
+  }
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+int
+main(int argc, char **argv)
+{
+  lua_State *L = sbx_new();
+  int status, code = 1;
+  if (!L) {
+    fprintf(stderr, "sbx: out of memory\n");
+    return 1;
+  }
+  lua_pushcfunction(L, pmain);
+  lua_pushinteger(L, argc);
+  lua_pushlightuserdata(L, argv);
+  status = lua_pcall(L, 2, 1, 0);
+  if (status != LUA_OK)
+    fprintf(stderr, "sbx: %s\n", lua_tostring(L, -1));
+  else
+    code = (int)luaL_optinteger(L, -1, 0);
+  lua_pop(L, 1);
+  sbx_close(L);
+  return code;
+}

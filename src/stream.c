@@ -1,0 +1,751 @@
+/*
+** A hijacked HTTP exchange on a raw socket, as Docker's attached exec uses:
+** send a request (and optional stdin bytes followed by a write half-close),
+** read the response head, then demultiplex the 8-byte-header frame stream
+** into bounded captures of stdout, stderr and both interleaved.
+**
+** libcurl cannot half-close a connection to signal stdin EOF, which is why
+** this transport owns its socket (unix or TCP) on the loop.
+**
+** Memory is bounded: each capture holds head+tail bytes; bytes queued for a
+** Lua on_output callback are capped, and past the cap reading stops (the
+** daemon then blocks the writer: back-pressure, not loss).
+*/
+#define _GNU_SOURCE
+#include "host.h"
+#include "capture.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define STREAM_MT "sbx.stream"
+#define HEAD_MAX 16384
+#define ERRBODY_MAX 65536
+
+enum { PH_CONNECT, PH_HEAD, PH_FRAMES, PH_RAW, PH_ERRBODY, PH_DONE };
+enum { CAP_STDOUT, CAP_STDERR, CAP_OUTPUT, CAP_N };
+
+struct pendbuf {
+  char *p;
+  size_t len, cap;
+  char carry[4];
+  size_t carry_len;
+};
+
+struct stream {
+  struct sbx_host *host;
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+  } u;
+  int handle_open;
+  int refs;                    /* the userdata and the open handle */
+  uv_connect_t connect_req;
+  uv_write_t write_req;
+  uv_write_t stdin_req;
+  uv_shutdown_t shutdown_req;
+  char *request;
+  size_t request_len;
+  char *stdin_buf;
+  size_t stdin_len;
+  int has_stdin;
+  int phase;
+  char head[HEAD_MAX];
+  size_t head_len;
+  int status;
+  long content_length;
+  char *errbody;
+  size_t errbody_len;
+  unsigned char fh[8];
+  size_t fh_len;
+  size_t frame_left;
+  int frame_fd;
+  int tty;
+  struct sbx_capture cap[CAP_N];
+  int chunks;
+  size_t chunk_limit;
+  struct pendbuf pend[2];
+  int reading, paused;
+  int eof;
+  char error[256];
+  const char *error_code;
+  struct sbx_waiter *reader;
+  double started, ended;
+};
+
+struct stream_ud {
+  struct stream *s;
+};
+
+static char read_buffer[65536];
+
+static void write_cb(uv_write_t *req, int status);
+static void shutdown_cb(uv_shutdown_t *req, int status);
+
+static void
+stream_free(struct stream *s)
+{
+  int i;
+  for (i = 0; i < CAP_N; i++)
+    sbx_capture_free(&s->cap[i]);
+  free(s->pend[0].p);
+  free(s->pend[1].p);
+  free(s->request);
+  free(s->stdin_buf);
+  free(s->errbody);
+  free(s);
+}
+
+static void
+stream_unref(struct stream *s)
+{
+  if (--s->refs == 0)
+    stream_free(s);
+}
+
+static void
+handle_closed(uv_handle_t *h)
+{
+  stream_unref(h->data);
+}
+
+static void
+wake_reader(struct stream *s)
+{
+  if (s->reader)
+    sbx_wake(s->reader); /* detach clears s->reader */
+}
+
+static void
+close_handle(struct stream *s)
+{
+  if (s->handle_open) {
+    s->handle_open = 0;
+    uv_close(&s->u.handle, handle_closed);
+  }
+}
+
+static void
+finish(struct stream *s, const char *code, const char *msg)
+{
+  if (s->eof)
+    return;
+  if (code && !s->error_code) {
+    s->error_code = code;
+    snprintf(s->error, sizeof s->error, "%s", msg);
+  }
+  s->eof = 1;
+  s->phase = PH_DONE;
+  s->ended = sbx_now();
+  close_handle(s);
+  wake_reader(s);
+}
+
+static int
+pend_add(struct pendbuf *b, const char *p, size_t n)
+{
+  if (b->len + n > b->cap) {
+    size_t c = b->cap ? b->cap : 4096;
+    char *q;
+    while (c < b->len + n)
+      c *= 2;
+    q = realloc(b->p, c);
+    if (!q)
+      return -1;
+    b->p = q;
+    b->cap = c;
+  }
+  memcpy(b->p + b->len, p, n);
+  b->len += n;
+  return 0;
+}
+
+static void
+deliver(struct stream *s, int fd, const char *p, size_t n)
+{
+  int which = fd == 2 || fd == 3 ? CAP_STDERR : CAP_STDOUT;
+  sbx_capture_add(&s->cap[which], p, n);
+  sbx_capture_add(&s->cap[CAP_OUTPUT], p, n);
+  if (s->chunks) {
+    pend_add(&s->pend[which], p, n);
+    if (s->pend[0].len + s->pend[1].len > s->chunk_limit && s->reading) {
+      uv_read_stop(&s->u.stream);
+      s->reading = 0;
+      s->paused = 1;
+    }
+    wake_reader(s);
+  }
+}
+
+/*
+** Stdin goes out only once the daemon has answered: bytes that arrive with
+** the request are read ahead by its HTTP server and lost at the hijack.
+*/
+static void
+send_stdin(struct stream *s)
+{
+  uv_buf_t b;
+  if (!s->has_stdin || !s->handle_open)
+    return;
+  if (s->stdin_len) {
+    b = uv_buf_init(s->stdin_buf, (unsigned)s->stdin_len);
+    s->stdin_req.data = s;
+    uv_write(&s->stdin_req, &s->u.stream, &b, 1, write_cb);
+  }
+  s->shutdown_req.data = s;
+  uv_shutdown(&s->shutdown_req, &s->u.stream, shutdown_cb);
+}
+
+static void
+parse_head(struct stream *s)
+{
+  const char *p = s->head, *cl;
+  int major, minor;
+  s->head[s->head_len] = '\0';
+  if (sscanf(p, "HTTP/%d.%d %d", &major, &minor, &s->status) != 3)
+    s->status = 0;
+  s->content_length = -1;
+  cl = strcasestr(p, "\r\ncontent-length:");
+  if (cl)
+    s->content_length = strtol(cl + 17, NULL, 10);
+}
+
+static void
+feed(struct stream *s, const char *p, size_t n)
+{
+  while (n > 0 && !s->eof) {
+    switch (s->phase) {
+    case PH_HEAD: {
+      size_t i;
+      /* Byte by byte until the blank line: heads are small. */
+      for (i = 0; i < n; i++) {
+        if (s->head_len >= HEAD_MAX - 1) {
+          finish(s, "protocol", "response head too large");
+          return;
+        }
+        s->head[s->head_len++] = p[i];
+        if (s->head_len >= 4 && memcmp(s->head + s->head_len - 4, "\r\n\r\n", 4) == 0) {
+          parse_head(s);
+          if (s->status == 200 || s->status == 101) {
+            s->phase = s->tty ? PH_RAW : PH_FRAMES;
+            send_stdin(s);
+          }
+          else
+            s->phase = PH_ERRBODY;
+          i++;
+          break;
+        }
+      }
+      p += i;
+      n -= i;
+      if (s->phase == PH_ERRBODY && s->content_length == 0)
+        finish(s, NULL, NULL);
+      break;
+    }
+    case PH_RAW:
+      deliver(s, 1, p, n);
+      n = 0;
+      break;
+    case PH_FRAMES:
+      if (s->frame_left == 0) {
+        while (n > 0 && s->fh_len < 8) {
+          s->fh[s->fh_len++] = (unsigned char)*p++;
+          n--;
+        }
+        if (s->fh_len < 8)
+          return;
+        s->fh_len = 0;
+        s->frame_fd = s->fh[0];
+        s->frame_left = ((size_t)s->fh[4] << 24) | ((size_t)s->fh[5] << 16) |
+                        ((size_t)s->fh[6] << 8) | (size_t)s->fh[7];
+        if (s->fh[0] > 3) {
+          /* Not a frame header: the daemon sent raw bytes. Keep them. */
+          s->phase = PH_RAW;
+          deliver(s, 1, (const char *)s->fh, 8);
+          s->frame_left = 0;
+        }
+      }
+      else {
+        size_t take = n < s->frame_left ? n : s->frame_left;
+        deliver(s, s->frame_fd, p, take);
+        s->frame_left -= take;
+        p += take;
+        n -= take;
+      }
+      break;
+    case PH_ERRBODY: {
+      size_t take = n;
+      if (s->errbody_len + take > ERRBODY_MAX)
+        take = ERRBODY_MAX - s->errbody_len;
+      if (take) {
+        char *q = realloc(s->errbody, s->errbody_len + take + 1);
+        if (q) {
+          s->errbody = q;
+          memcpy(q + s->errbody_len, p, take);
+          s->errbody_len += take;
+          q[s->errbody_len] = '\0';
+        }
+      }
+      n = 0;
+      if (s->content_length >= 0 && (long)s->errbody_len >= s->content_length)
+        finish(s, NULL, NULL);
+      break;
+    }
+    default:
+      return;
+    }
+  }
+}
+
+static void
+alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  (void)h;
+  (void)suggested;
+  buf->base = read_buffer;
+  buf->len = sizeof read_buffer;
+}
+
+static void
+read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+  struct stream *s = st->data;
+  if (nread > 0)
+    feed(s, buf->base, (size_t)nread);
+  else if (nread == UV_EOF) {
+    if (s->phase == PH_HEAD)
+      finish(s, "closed", "the daemon closed the connection before answering");
+    else
+      finish(s, NULL, NULL);
+  }
+  else if (nread < 0)
+    finish(s, "closed", uv_strerror((int)nread));
+}
+
+static void
+write_cb(uv_write_t *req, int status)
+{
+  struct stream *s = req->data;
+  if (status < 0 && status != UV_ECANCELED && !s->eof)
+    finish(s, "closed", uv_strerror(status));
+}
+
+static void
+shutdown_cb(uv_shutdown_t *req, int status)
+{
+  (void)req;
+  (void)status;
+}
+
+static void
+connect_cb(uv_connect_t *req, int status)
+{
+  struct stream *s = req->data;
+  uv_buf_t b;
+  if (status < 0) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "cannot connect: %s", uv_strerror(status));
+    finish(s, status == UV_ECONNREFUSED || status == UV_ENOENT ? "ECONNREFUSED" : "closed", msg);
+    return;
+  }
+  if (s->eof)
+    return;
+  s->phase = PH_HEAD;
+  b = uv_buf_init(s->request, (unsigned)s->request_len);
+  s->write_req.data = s;
+  uv_write(&s->write_req, &s->u.stream, &b, 1, write_cb);
+  s->reading = 1;
+  uv_read_start(&s->u.stream, alloc_cb, read_cb);
+}
+
+static struct stream *
+check_stream(lua_State *L)
+{
+  struct stream_ud *ud = luaL_checkudata(L, 1, STREAM_MT);
+  if (!ud->s)
+    luaL_error(L, "attempt to use a closed stream");
+  return ud->s;
+}
+
+static void
+opt_capture(lua_State *L, int t, const char *name, struct sbx_capture *c, size_t dh, size_t dt)
+{
+  size_t head = dh, tail = dt;
+  lua_getfield(L, t, name);
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, "head");
+    head = (size_t)luaL_optinteger(L, -1, (lua_Integer)dh);
+    lua_getfield(L, -2, "tail");
+    tail = (size_t)luaL_optinteger(L, -1, (lua_Integer)dt);
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 1);
+  sbx_capture_init(c, head, tail);
+}
+
+/*
+** core.stream.open{ unix_socket= | host=, port=, request=, stdin=, tty=,
+**   capture = { stdout={head=,tail=}, stderr=..., output=... },
+**   chunks=bool, chunk_limit=bytes } -> stream. Never blocks.
+*/
+static int
+stream_open(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  struct stream_ud *ud;
+  struct stream *s;
+  const char *sock, *host, *req, *in;
+  size_t req_len, in_len = 0;
+  int rc;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  ud = lua_newuserdatauv(L, sizeof *ud, 0);                 /* [opts, ud] */
+  ud->s = NULL;
+  luaL_setmetatable(L, STREAM_MT);
+  lua_getfield(L, 1, "unix_socket");
+  sock = luaL_optstring(L, -1, NULL);
+  lua_getfield(L, 1, "host");
+  host = luaL_optstring(L, -1, NULL);
+  lua_getfield(L, 1, "request");
+  req = luaL_checklstring(L, -1, &req_len);
+  lua_getfield(L, 1, "stdin");
+  in = luaL_optlstring(L, -1, NULL, &in_len);
+  luaL_argcheck(L, sock || host, 1, "unix_socket or host expected");
+
+  s = calloc(1, sizeof *s);
+  if (!s)
+    return luaL_error(L, "out of memory");
+  ud->s = s;
+  s->host = h;
+  s->refs = 1;
+  s->started = sbx_now();
+  s->request = malloc(req_len);
+  if (!s->request)
+    return luaL_error(L, "out of memory");
+  memcpy(s->request, req, req_len);
+  s->request_len = req_len;
+  if (in) {
+    s->has_stdin = 1;
+    s->stdin_buf = malloc(in_len ? in_len : 1);
+    if (!s->stdin_buf)
+      return luaL_error(L, "out of memory");
+    memcpy(s->stdin_buf, in, in_len);
+    s->stdin_len = in_len;
+  }
+  lua_getfield(L, 1, "tty");
+  s->tty = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "chunks");
+  s->chunks = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "chunk_limit");
+  s->chunk_limit = (size_t)luaL_optinteger(L, -1, 1 << 20);
+  lua_getfield(L, 1, "capture");
+  if (lua_istable(L, -1)) {
+    int t = lua_gettop(L);
+    opt_capture(L, t, "stdout", &s->cap[CAP_STDOUT], 65536, 65536);
+    opt_capture(L, t, "stderr", &s->cap[CAP_STDERR], 65536, 65536);
+    opt_capture(L, t, "output", &s->cap[CAP_OUTPUT], 65536, 65536);
+  }
+  else {
+    int i;
+    for (i = 0; i < CAP_N; i++)
+      sbx_capture_init(&s->cap[i], 65536, 65536);
+  }
+  lua_pop(L, 1);
+
+  s->connect_req.data = s;
+  if (sock) {
+    uv_pipe_init(&h->loop, &s->u.pipe, 0);
+    s->u.handle.data = s;
+    s->handle_open = 1;
+    s->refs++;
+    uv_pipe_connect(&s->connect_req, &s->u.pipe, sock, connect_cb);
+  }
+  else {
+    struct sockaddr_storage addr;
+    int port;
+    lua_getfield(L, 1, "port");
+    port = (int)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
+      uv_getaddrinfo_t gai;
+      struct addrinfo hints;
+      memset(&hints, 0, sizeof hints);
+      hints.ai_socktype = SOCK_STREAM;
+      /* A synchronous lookup: it happens once per daemon address. */
+      rc = uv_getaddrinfo(NULL, &gai, NULL, host, NULL, &hints);
+      if (rc != 0 || !gai.addrinfo) {
+        finish(s, "ENOTFOUND", uv_strerror(rc));
+        lua_settop(L, 2);
+        return 1;
+      }
+      memcpy(&addr, gai.addrinfo->ai_addr, gai.addrinfo->ai_addrlen);
+      ((struct sockaddr_in *)&addr)->sin_port = htons((uint16_t)port);
+      uv_freeaddrinfo(gai.addrinfo);
+    }
+    uv_tcp_init(&h->loop, &s->u.tcp);
+    s->u.handle.data = s;
+    s->handle_open = 1;
+    s->refs++;
+    rc = uv_tcp_connect(&s->connect_req, &s->u.tcp, (struct sockaddr *)&addr, connect_cb);
+    if (rc != 0)
+      finish(s, "ECONNREFUSED", uv_strerror(rc));
+  }
+  lua_settop(L, 2);
+  return 1;
+}
+
+static void
+reader_detach(struct sbx_waiter *w)
+{
+  struct stream *s = w->source;
+  if (s && s->reader == w)
+    s->reader = NULL;
+  w->source = NULL;
+}
+
+static int
+has_data(struct stream *s)
+{
+  return s->chunks && (s->pend[0].len || s->pend[1].len);
+}
+
+static int
+wait_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct sbx_waiter *w = lua_touserdata(L, -1);
+  struct stream_ud *ud = luaL_checkudata(L, 1, STREAM_MT);
+  struct stream *s = ud->s;
+  (void)status;
+  (void)ctx;
+  if (w->cancelled)
+    return sbx_raise_cancelled(L);
+  if (!s)
+    lua_pushliteral(L, "eof");
+  else if (has_data(s))
+    lua_pushliteral(L, "data");
+  else if (s->eof)
+    lua_pushliteral(L, "eof");
+  else
+    lua_pushliteral(L, "timeout");
+  return 1;
+}
+
+/*
+** stream:wait([timeout]) -> "data" | "eof" | "timeout". With chunks on, it
+** returns as soon as output is queued; otherwise only at the end. May yield.
+*/
+static int
+stream_wait(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  double timeout = luaL_optnumber(L, 2, -1);
+  struct sbx_waiter *w;
+  lua_settop(L, 1);
+  if (has_data(s)) {
+    lua_pushliteral(L, "data");
+    return 1;
+  }
+  if (s->eof) {
+    lua_pushliteral(L, "eof");
+    return 1;
+  }
+  if (s->reader)
+    return luaL_error(L, "another task is already waiting on this stream");
+  w = sbx_op_new(L, sizeof *w, NULL);
+  w->source = s;
+  w->detach = reader_detach;
+  s->reader = w;
+  sbx_waiter_deadline(w, timeout);
+  return sbx_await(L, w, wait_k, 0);
+}
+
+static void
+push_take(lua_State *L, struct stream *s, int which, int raw)
+{
+  struct pendbuf *b = &s->pend[which];
+  if (raw) {
+    lua_pushlstring(L, b->p ? b->p : "", b->len);
+  }
+  else {
+    size_t n = b->carry_len + b->len, rest = 0, o;
+    char *in = malloc(n ? n : 1), *out = malloc(3 * n + 1);
+    if (!in || !out) {
+      free(in);
+      free(out);
+      luaL_error(L, "out of memory");
+      return;
+    }
+    memcpy(in, b->carry, b->carry_len);
+    if (b->len)
+      memcpy(in + b->carry_len, b->p, b->len);
+    o = sbx_utf8_sanitize(in, n, out, s->eof, &rest);
+    memcpy(b->carry, in + n - rest, rest);
+    b->carry_len = rest;
+    lua_pushlstring(L, out, o);
+    free(in);
+    free(out);
+  }
+  b->len = 0;
+}
+
+/*
+** stream:take([raw]) -> stdout_text, stderr_text: what was queued for the
+** callback, as valid UTF-8 (a sequence split across chunks is held back to
+** the next take) or raw bytes. Resumes reading if it was paused.
+*/
+static int
+stream_take(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  int raw = lua_toboolean(L, 2);
+  push_take(L, s, CAP_STDOUT, raw);
+  push_take(L, s, CAP_STDERR, raw);
+  if (s->paused && !s->eof && s->handle_open) {
+    s->paused = 0;
+    s->reading = 1;
+    uv_read_start(&s->u.stream, alloc_cb, read_cb);
+  }
+  return 2;
+}
+
+static int
+cap_index(lua_State *L, int arg)
+{
+  static const char *const names[] = { "stdout", "stderr", "output", NULL };
+  return luaL_checkoption(L, arg, NULL, names);
+}
+
+/* stream:captured(name) -> head, tail, total, omitted (raw bytes) */
+static int
+stream_captured(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  struct sbx_capture *c = &s->cap[cap_index(L, 2)];
+  luaL_Buffer b;
+  lua_pushlstring(L, c->head ? c->head : "", c->head_len);
+  sbx_capture_copy_tail(c, luaL_buffinitsize(L, &b, c->tail_len ? c->tail_len : 1));
+  luaL_pushresultsize(&b, c->tail_len);
+  lua_pushinteger(L, (lua_Integer)c->total);
+  lua_pushinteger(L, (lua_Integer)sbx_capture_omitted(c));
+  return 4;
+}
+
+/* stream:read(name, offset, max) -> bytes, next_offset, skipped */
+static int
+stream_read(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  struct sbx_capture *c = &s->cap[cap_index(L, 2)];
+  lua_Integer off = luaL_optinteger(L, 3, 0);
+  lua_Integer max = luaL_optinteger(L, 4, 65536);
+  uint64_t skipped = 0;
+  size_t got;
+  luaL_Buffer b;
+  luaL_argcheck(L, off >= 0, 3, "negative offset");
+  luaL_argcheck(L, max > 0, 4, "max must be positive");
+  got = sbx_capture_read_at(c, (uint64_t)off, luaL_buffinitsize(L, &b, (size_t)max),
+                            (size_t)max, &skipped);
+  luaL_pushresultsize(&b, got);
+  lua_pushinteger(L, off + (lua_Integer)skipped + (lua_Integer)got);
+  lua_pushinteger(L, (lua_Integer)skipped);
+  return 3;
+}
+
+/* stream:info() -> { status, eof, error, error_code, body, bytes = {...}, duration } */
+static int
+stream_info(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, s->status);
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, s->eof);
+  lua_setfield(L, -2, "eof");
+  if (s->error_code) {
+    lua_pushstring(L, s->error);
+    lua_setfield(L, -2, "error");
+    lua_pushstring(L, s->error_code);
+    lua_setfield(L, -2, "error_code");
+  }
+  if (s->errbody) {
+    lua_pushlstring(L, s->errbody, s->errbody_len);
+    lua_setfield(L, -2, "body");
+  }
+  lua_pushinteger(L, (lua_Integer)s->cap[CAP_STDOUT].total);
+  lua_setfield(L, -2, "stdout_bytes");
+  lua_pushinteger(L, (lua_Integer)s->cap[CAP_STDERR].total);
+  lua_setfield(L, -2, "stderr_bytes");
+  lua_pushnumber(L, (s->eof ? s->ended : sbx_now()) - s->started);
+  lua_setfield(L, -2, "duration");
+  return 1;
+}
+
+/* stream:close(): drops the connection; captured bytes stay readable. */
+static int
+stream_close(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  finish(s, NULL, NULL);
+  return 0;
+}
+
+static int
+stream_gc(lua_State *L)
+{
+  struct stream_ud *ud = luaL_checkudata(L, 1, STREAM_MT);
+  struct stream *s = ud->s;
+  if (s) {
+    ud->s = NULL;
+    s->reader = NULL;
+    finish(s, NULL, NULL);
+    stream_unref(s);
+  }
+  return 0;
+}
+
+static int
+stream_tostring(lua_State *L)
+{
+  struct stream_ud *ud = luaL_checkudata(L, 1, STREAM_MT);
+  lua_pushfstring(L, "sbx.stream (%s)", ud->s ? (ud->s->eof ? "ended" : "open") : "closed");
+  return 1;
+}
+
+static const luaL_Reg stream_funcs[] = {
+  { "open", stream_open },
+  { NULL, NULL }
+};
+
+static const luaL_Reg stream_methods[] = {
+  { "wait", stream_wait },
+  { "take", stream_take },
+  { "captured", stream_captured },
+  { "read", stream_read },
+  { "info", stream_info },
+  { "close", stream_close },
+  { NULL, NULL }
+};
+
+static const luaL_Reg stream_meta[] = {
+  { "__gc", stream_gc },
+  { "__close", stream_gc },
+  { "__tostring", stream_tostring },
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
+int
+sbx_open_stream(lua_State *L)
+{
+  luaL_newmetatable(L, STREAM_MT);
+  luaL_setfuncs(L, stream_meta, 0);
+  luaL_newlibtable(L, stream_methods);
+  luaL_setfuncs(L, stream_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newlib(L, stream_funcs);
+  return 1;
+}

@@ -1,0 +1,16 @@
+-- The sbx module loads into a stock lua5.4 (sbx.so on LUA_CPATH) and its
+-- tasks and blocking calls work there as under the sbx binary.
+local tap = require "tap"
+local sbx = require "sbx"
+tap.is(type(sbx.box), "function", "require 'sbx' gives the module in lua5.4")
+local t = sbx.spawn(function() sbx.sleep(0.02) return "done" end)
+tap.is(sbx.wait(t), "done", "a task runs on the loop under lua5.4")
+local box = sbx.box { image = os.getenv("SBX_TEST_BUSYBOX") }
+tap.ok(box, "a box is created from lua5.4")
+if box then
+  local r = box:exec("echo from-stock-lua")
+  tap.is(r and r.stdout, "from-stock-lua\n", "exec works from lua5.4")
+  box:close()
+end
+sbx.shutdown()
+tap.done()
