@@ -148,7 +148,7 @@ local function capture_part(stream, name)
 end
 
 local function part_text(part, marker)
-  if #part.tail == 0 and part.omitted == 0 then return part.head end
+  if part.omitted == 0 then return part.head .. part.tail end
   return part.head .. marker(part) .. part.tail
 end
 

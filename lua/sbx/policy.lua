@@ -123,9 +123,9 @@ policy.first_chars, policy.last_chars = first_chars, last_chars
 function policy.format_output(part, limits)
   limits = limits or policy.output
   local head, tail, omitted = part.head, part.tail, part.omitted
-  if omitted == 0 and #tail == 0 then
+  if omitted == 0 then
     -- Everything was captured; cut only for the model's view.
-    local all = head
+    local all = head .. tail
     if char_len(all) <= limits.head_chars + limits.tail_chars then return all end
     head = first_chars(all, limits.head_chars)
     tail = last_chars(all, limits.tail_chars)

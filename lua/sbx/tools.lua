@@ -102,6 +102,9 @@ local function build(name, def)
   local props, order, required = {}, {}, {}
   for _, p in ipairs(def.parameters or {}) do
     local pname, pschema = p[1], p[2]
+    if not getmetatable(pschema) then
+      setmetatable(pschema, { __jsonorder = { "type", "description" } })
+    end
     props[pname] = pschema
     order[#order + 1] = pname
     if p.required then required[#required + 1] = pname end
