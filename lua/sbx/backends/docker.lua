@@ -164,6 +164,8 @@ local function proc_start(pid)
   local stat = read_file("/proc/" .. pid .. "/stat")
   if not stat then return nil end
   local rest = stat:match("^.*%)%s+(.*)$")
+  -- A zombie keeps its pid and start time but is no owner any more.
+  if rest:match("^[ZX]") then return nil end
   local i = 0
   for field in rest:gmatch("%S+") do
     i = i + 1
