@@ -357,8 +357,9 @@ http_request(lua_State *L)
   luaL_checktype(L, 1, LUA_TTABLE);
   if (!http)
     return luaL_error(L, "out of memory");
-  lua_getfield(L, 1, "url");
-  url = luaL_checkstring(L, -1);
+  if (lua_getfield(L, 1, "url") != LUA_TSTRING)
+    return luaL_error(L, "http.request needs a url string");
+  url = lua_tostring(L, -1);
   lua_getfield(L, 1, "method");
   method = luaL_optstring(L, -1, "GET");
   lua_getfield(L, 1, "unix_socket");

@@ -1,0 +1,88 @@
+-- The host without Docker: tasks, waits, events, semaphores, JSON, text,
+-- HTTP errors.
+local tap = require "tap"
+local sbx = require "sbx"
+local json = sbx.json
+
+local order = {}
+local a = sbx.spawn(function() sbx.sleep(0.05) order[#order + 1] = "a" return 1, 2 end)
+local b = sbx.spawn(function() order[#order + 1] = "b" return "b" end)
+tap.is(select("#", sbx.wait(a)), 2, "wait returns every result")
+tap.is(sbx.wait(b), "b", "wait on a finished task")
+tap.is(table.concat(order), "ba", "tasks interleave on the loop")
+local t0 = sbx.now()
+local ts = {}
+for i = 1, 50 do ts[i] = sbx.spawn(function() sbx.sleep(0.2) return i end) end
+local res = sbx.gather(ts)
+tap.is(#res, 50, "gather returns all results")
+tap.ok(sbx.now() - t0 < 2, "50 sleeps of 0.2 s run concurrently")
+
+local bad = sbx.spawn(function() error("boom") end)
+tap.checkerr("boom", sbx.wait, bad)
+tap.checkerr("boom", sbx.gather, { sbx.spawn(function() return 1 end), bad })
+local slow = sbx.spawn(function() sbx.sleep(5) end)
+tap.is(select(3, sbx.wait(slow, 0.05)), "timeout", "wait with a timeout")
+tap.ok(slow:cancel(), "a waiting task can be cancelled")
+tap.checkerr("cancelled", sbx.wait, slow)
+
+local sem = sbx.semaphore(2)
+local running, peak = 0, 0
+local ws = {}
+for i = 1, 6 do
+  ws[i] = sbx.spawn(function()
+    sem:with(function()
+      running = running + 1
+      peak = math.max(peak, running)
+      sbx.sleep(0.02)
+      running = running - 1
+    end)
+  end)
+end
+sbx.gather(ws)
+tap.is(peak, 2, "a semaphore bounds concurrency")
+
+local ev = sbx.event()
+local waiter = sbx.spawn(function() return ev:wait() end)
+sbx.sleep(0.01)
+tap.is(waiter:status(), "waiting", "a task waits on an event")
+ev:set()
+tap.is(sbx.wait(waiter), true, "set wakes it")
+tap.is(sbx.event():wait(0.01), false, "an event wait times out")
+
+-- Blocking calls inside plain coroutines still work (they drive the loop).
+local co = coroutine.wrap(function() sbx.sleep(0.01) return "co-ok" end)
+tap.is(co(), "co-ok", "a plain coroutine may call blocking primitives")
+tap.checkerr("deadlock", function() sbx.event():wait() end)
+
+-- JSON
+tap.is(json.encode({ b = 1, a = { 1, 2, json.null }, c = json.array(), d = json.object() }),
+  '{"a":[1,2,null],"b":1,"c":[],"d":{}}', "encode: sorted keys, null, empty array and object")
+tap.is(json.encode("a\0\255"), '"a\u{FFFD}\u{FFFD}"', "invalid UTF-8 and NUL encode as U+FFFD")
+local v = json.decode('{"x":[1,2.5,"s",true,null],"y":{}}')
+tap.is(v.x[2] + v.x[1], 3.5, "decode numbers")
+tap.is(v.x[5], json.null, "decode null")
+tap.is(json.encode(v.y), "{}", "an empty object stays an object")
+local nv, nerr, ncode = json.decode("{bad")
+tap.is(ncode, "json", "malformed JSON returns an error code")
+tap.like(nerr, "invalid JSON", "and a message")
+local deep = string.rep("[", 500) .. string.rep("]", 500)
+tap.is(select(3, json.decode(deep)), "json", "too deep is refused, not a crash")
+local cyc = {}
+cyc.self = cyc
+tap.checkerr("nested too deeply", json.encode, cyc)
+tap.checkerr("cannot encode a function", json.encode, { f = print })
+
+-- Text
+tap.is(sbx.text.sanitize("a\255b"), "a\u{FFFD}b", "sanitize replaces invalid bytes")
+tap.is(sbx.text.valid("é"), true, "valid UTF-8")
+tap.is(sbx.text.head_cut("ab\xE2\x82"), "ab", "head_cut drops a split character")
+tap.is(sbx.text.tail_cut("\x82\xACab"), "ab", "tail_cut drops leading continuation bytes")
+
+-- HTTP failures are values.
+local r, err, code = sbx.http.request { url = "http://127.0.0.1:1/" }
+tap.is(r, nil, "a refused connection returns nil")
+tap.is(code, "ECONNREFUSED", "with a stable code (" .. tostring(err) .. ")")
+r, err, code = sbx.http.request { url = "http://x/", unix_socket = "/tmp/sbx-none.sock" }
+tap.is(r, nil, "a missing unix socket too (" .. tostring(code) .. ")")
+tap.checkerr("url", sbx.http.request, {})
+tap.done()

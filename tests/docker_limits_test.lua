@@ -1,0 +1,42 @@
+-- Hostile commands: a fork bomb, a memory hog, a gigabyte of output. The
+-- host stays fine and sbx stays in bounded memory.
+local tap = require "tap"
+local H = require "helper"
+local sbx = require "sbx"
+
+local box = H.box { pids = 64, memory = 64 * 1024 * 1024 }
+
+local r = assert(box:exec("bomb(){ bomb | bomb & }; bomb; sleep 100", { timeout = 3 }))
+tap.is(r.timed_out, true, "a fork bomb runs into the timeout")
+tap.is(r.box_restarted, true, "the box is restarted when the kill itself cannot fork")
+local after = assert(box:exec("echo alive; ls /proc | grep -c '^[0-9]'"))
+tap.like(after.stdout, "^alive\n", "the same box works afterwards")
+tap.ok(tonumber(after.stdout:match("\n(%d+)")) < 10, "and the bomb's processes are gone")
+local host = H.sh("echo host-ok")
+tap.is(host, "host-ok\n", "the host can still fork")
+
+r = assert(box:exec("head -c 300m /dev/zero | tail > /dev/null; echo exit=$?"))
+tap.like(r.output, "Killed", "a memory hog is killed by the box's memory limit")
+tap.like(r.stdout, "exit=137", "with SIGKILL's status")
+tap.like(assert(box:exec("echo still-here")).stdout, "still%-here", "and the box lives on")
+
+-- A gigabyte through bounded capture: sbx's peak memory does not grow with it.
+local _, peak0 = H.rss()
+r = assert(box:exec("head -c 1073741824 /dev/zero; echo done >&2"))
+local rss, peak1 = H.rss()
+tap.is(r.stdout_bytes, 1073741824, "1 GiB of output is counted to the byte")
+tap.is(r.truncated, true, "and truncated")
+tap.is(#r.parts.stdout.head + #r.parts.stdout.tail <= 256 * 1024, true, "only head and tail are kept")
+tap.is(r.stderr, "done\n", "stderr still arrives whole")
+tap.ok(peak1 - peak0 < 16 * 1024, string.format("peak RSS grew by %d KiB for 1 GiB (%d KiB now)", peak1 - peak0, rss))
+
+-- The same with a streaming callback: back-pressure, not buffering.
+local seen = 0
+_, peak0 = H.rss()
+r = assert(box:exec("head -c 268435456 /dev/zero", { on_output = function(_, text) seen = seen + #text end }))
+_, peak1 = H.rss()
+tap.is(seen, 268435456, "the callback saw every byte of 256 MiB")
+tap.ok(peak1 - peak0 < 16 * 1024, string.format("streaming keeps memory flat (+%d KiB)", peak1 - peak0))
+
+box:close()
+tap.done()

@@ -1,0 +1,40 @@
+-- Files in and out of a box, through exec stdin, so read-only roots and
+-- tmpfs mounts work too; sizes are bounded by policy.
+local tap = require "tap"
+local H = require "helper"
+local sbx = require "sbx"
+
+local box = H.box()
+local blob = {}
+for i = 0, 255 do blob[#blob + 1] = string.char(i) end
+blob = table.concat(blob):rep(1000)
+tap.ok(box:write_file("/work/sub/dir/blob.bin", blob), "write a binary file into a new directory")
+tap.is(box:read_file("/work/sub/dir/blob.bin"), blob, "read it back byte for byte")
+tap.is(assert(box:exec("wc -c < /work/sub/dir/blob.bin")).stdout, "256000\n", "the box sees the same size")
+tap.ok(box:write_file("/work/empty", ""), "an empty file")
+tap.is(box:read_file("/work/empty"), "", "reads back empty")
+local big = string.rep("0123456789", 2 * 1024 * 1024)
+tap.ok(box:write_file("/tmp/big", big), "a 20 MB file")
+tap.is(#assert(box:exec("cat /tmp/big | wc -c")).stdout, 9, "arrives whole")
+
+local x, err, code = box:read_file("/no/such/file")
+tap.is(code, "not_found", "reading a missing file")
+tap.like(err, "No such file", "with the box's reason")
+x, err, code = box:read_file("/tmp/big", { max_bytes = 1000 })
+tap.is(code, "too_large", "a file over the read limit")
+sbx.use_policy { files = { max_write = 100 } }
+x, err, code = box:write_file("/tmp/x", string.rep("x", 101))
+tap.is(code, "too_large", "a write over the policy limit")
+sbx.use_policy { files = { max_write = 256 * 1024 * 1024 } }
+tap.checkerr("path must be", function() box:write_file(nil, "x") end)
+box:close()
+
+-- A read-only root with a tmpfs work dir: the archive API would fail here.
+local ro = H.box { read_only = true, tmpfs = { ["/work"] = "rw,exec,size=16m" } }
+tap.ok(ro:write_file("/work/hello.txt", "hi"), "write into tmpfs under a read-only root")
+tap.is(ro:read_file("/work/hello.txt"), "hi", "and read it back")
+x, err, code = ro:write_file("/etc/nope", "x")
+tap.is(code, "write_failed", "the read-only root refuses")
+tap.like(err, "Read%-only file system", "and says why")
+ro:close()
+tap.done()
