@@ -199,10 +199,27 @@ sbx_op_new(lua_State *L, size_t size, sbx_cancel_fn cancel)
   return w;
 }
 
+static const char THREADS_KEY = 't';
+
+/*
+** The task a thread runs, or NULL for the main thread and plain coroutines.
+** A weak-keyed registry table maps task threads to their task: the extra
+** space of threads made before sbx loaded holds garbage, so it is not used.
+*/
 static struct sbx_task *
 task_of(lua_State *L)
 {
-  return *(struct sbx_task **)lua_getextraspace(L);
+  struct sbx_task *t;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &THREADS_KEY);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  lua_pushthread(L);
+  lua_rawget(L, -2);
+  t = lua_touserdata(L, -1);
+  lua_pop(L, 2);
+  return t;
 }
 
 int
@@ -375,7 +392,11 @@ core_spawn(lua_State *L)
   t->id = ++next_id;
   luaL_setmetatable(L, TASK_MT);
   co = lua_newthread(L);
-  *(struct sbx_task **)lua_getextraspace(co) = t;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &THREADS_KEY);
+  lua_pushvalue(L, -2);
+  lua_pushlightuserdata(L, t);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
   t->co = co;
   t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);      /* [args.., task] */
   lua_pushvalue(L, -1);
@@ -811,6 +832,12 @@ host_create(lua_State *L)
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &HOST_KEY);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &THREADS_KEY);
   uv_signal_init(&h->loop, &h->sig_int);
   uv_signal_init(&h->loop, &h->sig_term);
   h->sig_int.data = h->sig_term.data = h;

@@ -19,7 +19,7 @@ tap.is(sbx.policy.exec.timeout, 60, "timeout 60 s")
 local call = function(name, args) return sbx.tools.call(tools, name, args) end
 tap.is(call("bash", { command = "true" }), "(no output)", "(no output)")
 tap.is(call("bash", { command = "exit 1" }), "[Exit code: 1]\n", "exit code with empty output ends in a newline")
-tap.is(call("bash", { command = "echo out; echo err >&2; exit 3" }), "[Exit code: 3]\nout\nerr\n", "combined output after the exit code")
+tap.is(call("bash", { command = "echo out; sleep 0.2; echo err >&2; exit 3" }), "[Exit code: 3]\nout\nerr\n", "combined output after the exit code")
 local long = call("bash", { command = "head -c 6000 /dev/zero | tr '\\0' x; exit 2" })
 tap.is(long, "[Exit code: 2]\n...[truncated]...\n" .. string.rep("x", 5000), "last 5000 characters after the marker")
 local uni = call("bash", { command = "for i in $(seq 1 5001); do printf 'é'; done" })

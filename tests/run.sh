@@ -44,7 +44,12 @@ run_one() {
 
 run_one unit_capture "$build/unit_capture"
 run_one embed_test "$build/embed_test"
-run_one stock_lua env LUA_CPATH="$PWD/$build/?.so;;" lua5.4 tests/stock_lua.lua
+# A sanitized sbx.so inside an unsanitized lua5.4 needs the runtimes first.
+preload=
+if [ -n "${SBX_SANITIZED:-}" ]; then
+  preload="$(${CC:-cc} -print-file-name=libasan.so):$(${CC:-cc} -print-file-name=libubsan.so)"
+fi
+run_one stock_lua env LD_PRELOAD="$preload" LUA_CPATH="$PWD/$build/?.so;;" lua5.4 tests/stock_lua.lua
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
