@@ -2,6 +2,7 @@
 #   make            build/sbx, build/libsbx.{a,so}, build/sbx.so (module for lua5.4)
 #   make test       the whole suite against the real dockerd (README's command)
 #   make check      the suite again under ASan+UBSan
+#   make test-podman  the suite against Podman's Docker-compatible API
 #   make install PREFIX=/usr/local
 PKGS      := lua5.4 libcurl libcjson libuv
 PREFIX    ?= /usr/local
@@ -66,6 +67,10 @@ $(BUILD):
 test: all
 	tests/run.sh $(BUILD)
 
+# The same suite against Podman's Docker-compatible service.
+test-podman: all
+	scripts/podman.sh $(BUILD)
+
 # ASan's quarantine keeps freed blocks resident; a small one keeps the
 # memory-bound tests meaningful while still catching use-after-free.
 check:
@@ -84,5 +89,5 @@ install: all
 clean:
 	rm -rf build build-asan
 
-.PHONY: all test check install clean
+.PHONY: all test test-podman check install clean
 -include $(wildcard $(BUILD)/*.d)

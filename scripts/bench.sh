@@ -13,7 +13,7 @@
 #   BENCH_BOXES / BENCH_EXECS   shape of the concurrent test (16 / 20)
 #   BENCH_BIG_RUNS   runs of the 50 MB output per client (default 3)
 #   BENCH_1G_RUNS    runs of the 1 GB output through sbx (default 1)
-#   BENCH_1G_ALL     1: also 1 GB through the docker CLI and curl (default 1)
+#   BENCH_1G_ALL     1: also 1 GB through the docker CLI and curl (default 0; ~30 s more)
 #   BENCH_IDLE       idle boxes for the memory-per-box measure (default 50)
 #   BENCH_IMAGE      image (default sbx-busybox:latest)
 #   SBX              the sbx binary (default build/sbx)
@@ -38,7 +38,7 @@ BOXES=${BENCH_BOXES:-16}
 EXECS=${BENCH_EXECS:-20}
 BIG_RUNS=${BENCH_BIG_RUNS:-3}
 G_RUNS=${BENCH_1G_RUNS:-1}
-G_ALL=${BENCH_1G_ALL:-1}
+G_ALL=${BENCH_1G_ALL:-0}
 IDLE=${BENCH_IDLE:-50}
 IMAGE=${BENCH_IMAGE:-sbx-busybox:latest}
 SBX=${SBX:-build/sbx}
@@ -59,6 +59,17 @@ MB50=52428800
 GB1=1073741824
 
 log() { printf 'bench: %s\n' "$*" >&2; }
+# section NAME: logs NAME and the time the previous section took.
+SECTION="" SECTION_T0=0 SECTION_TIMES=""
+section() {
+    local now=${EPOCHREALTIME/./}
+    if [ -n "$SECTION" ]; then
+        SECTION_TIMES+="${SECTION_TIMES:+, }$SECTION $(( (now - SECTION_T0) / 1000000 )) s"
+        log "   ($(( (now - SECTION_T0) / 1000000 )) s)"
+    fi
+    SECTION=$1 SECTION_T0=$now
+    [ "$1" = end ] || log "$2"
+}
 die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
 
 # --- tools --------------------------------------------------------------------
@@ -136,7 +147,10 @@ fmt() { # fmt VALUE SCALE DECIMALS SUFFIX  -> "" stays "n/a"
 # Runs a Lua bench script; its "key value" lines become samples.
 run_lua() {
     local name=$1; shift
-    "$SBX" run "$here/bench/$name.lua" "$@" > "$TMP/lua.out" || die "$name.lua failed (see above)"
+    local rc=0
+    "$SBX" run "$here/bench/$name.lua" "$@" > "$TMP/lua.out" || rc=$?
+    [ "$rc" -lt 128 ] || exit "$rc"     # interrupted: sbx removed its boxes
+    [ "$rc" -eq 0 ] || die "$name.lua failed (see above)"
     local k v
     while read -r k v; do sample "$k" "$v"; done < "$TMP/lua.out"
 }
@@ -211,7 +225,7 @@ echo "- image $IMAGE; N=$N samples, $ROUNDS round(s) of ${BOXES}x${EXECS} concur
 echo
 
 # --- 1. create + destroy -------------------------------------------------------------
-log "1/5 box create+destroy, $N samples each"
+section create "1/5 box create+destroy, $N samples each"
 run_lua create "$N"
 cli_create "sbx-bench-$RUN_ID-w" && cli_destroy "sbx-bench-$RUN_ID-w"
 for i in $(seq "$N"); do
@@ -226,7 +240,7 @@ for i in $(seq "$N"); do
 done
 
 # --- 2. exec latency ------------------------------------------------------------------
-log "2/5 sequential exec of true, $N samples each"
+section exec "2/5 sequential exec of true, $N samples each"
 run_lua exec "$N"
 X="sbx-bench-$RUN_ID-x"
 raw_create "$X"
@@ -241,7 +255,7 @@ for _ in $(seq "$N"); do
 done
 
 # --- 3. concurrent execs --------------------------------------------------------------
-log "3/5 $BOXES boxes x $EXECS execs concurrently, $ROUNDS round(s) each"
+section concurrent "3/5 $BOXES boxes x $EXECS execs concurrently, $ROUNDS round(s) each"
 run_lua concurrent "$BOXES" "$EXECS" "$ROUNDS"
 cons=()
 for i in $(seq "$BOXES"); do
@@ -273,12 +287,14 @@ for c in "${cons[@]}"; do raw_destroy "$c" & bg_pids+=($!); done
 wait; bg_pids=()
 
 # --- 4. big outputs ---------------------------------------------------------------------
-log "4/5 big outputs: 50 MB x $BIG_RUNS per client, 1 GB x $G_RUNS through sbx"
+section output "4/5 big outputs: 50 MB x $BIG_RUNS per client, 1 GB x $G_RUNS through sbx"
 # sbx: one process per size, peak RSS of the whole process from /usr/bin/time.
 sbx_out() { # sbx_out PREFIX BYTES RUNS
     : > "$TMP/time.out"
-    /usr/bin/time -f '%e %M' -o "$TMP/time.out" "$SBX" run "$here/bench/output.lua" "$2" "$3" > "$TMP/lua.out" ||
-        die "output.lua $2 failed"
+    local rc=0
+    /usr/bin/time -f '%e %M' -o "$TMP/time.out" "$SBX" run "$here/bench/output.lua" "$2" "$3" > "$TMP/lua.out" || rc=$?
+    [ "$rc" -lt 128 ] || exit "$rc"
+    [ "$rc" -eq 0 ] || die "output.lua $2 failed (see above)"
     local k v
     while read -r k v; do sample "$1_$k" "$v"; done < "$TMP/lua.out"
     sample "$1_peak_kb" "$(awk '{print $2}' "$TMP/time.out")"
@@ -314,9 +330,10 @@ fi
 raw_destroy "$X"
 
 # --- 5. idle boxes ------------------------------------------------------------------------
-log "5/5 host memory: 0 vs $IDLE idle boxes"
+section idle "5/5 host memory: 0 vs $IDLE idle boxes"
 run_lua idle "$IDLE" 8
 
+section end
 T_END=${EPOCHREALTIME/./}
 others_after=$(docker ps -aq | wc -l)
 leftover=$(docker ps -aq --filter "label=sbx-bench=$RUN_ID" | wc -l)
@@ -334,8 +351,8 @@ g1_peak=$(maxof g1_peak_kb)
 idle_kb=$(median idle_per_box_kb)
 flat_delta=$(awk -v a="$g1_peak" -v b="$m50_peak" 'BEGIN{ if (a=="" || b=="") print ""; else print a-b }')
 flat=$( [ -n "$flat_delta" ] && awk -v d="$flat_delta" 'BEGIN{print (d <= 2048) ? "ok" : "MISS"}' || echo n/a)
-g1_cli=$( [ "$G_ALL" = 1 ] && echo "$(fmt "$(median cli_g1_time)" 1 2 ' s') / $(fmt "$(maxof cli_g1_peak_kb)" 0.0009765625 1 ' MB')" || echo "not run")
-g1_raw=$( [ "$G_ALL" = 1 ] && echo "$(fmt "$(median raw_g1_time)" 1 2 ' s') / $(fmt "$(maxof raw_g1_peak_kb)" 0.0009765625 1 ' MB')" || echo "not run")
+g1_cli=$( [ "$G_ALL" = 1 ] && echo "$(fmt "$(median cli_g1_time)" 1 2 ' s') / $(fmt "$(maxof cli_g1_peak_kb)" 0.0009765625 1 ' MB')" || echo "not run (BENCH_1G_ALL=1)")
+g1_raw=$( [ "$G_ALL" = 1 ] && echo "$(fmt "$(median raw_g1_time)" 1 2 ' s') / $(fmt "$(maxof raw_g1_peak_kb)" 0.0009765625 1 ' MB')" || echo "not run (BENCH_1G_ALL=1)")
 
 echo "| measure | sbx | docker CLI | raw API | target |"
 echo "|---|---|---|---|---|"
@@ -348,11 +365,11 @@ echo "| 1 GB output: wall time / peak RSS | $(fmt "$(median g1_out_time)" 1 2 ' 
 echo "| host memory per idle box (KB) | $(fmt "$idle_kb" 1 1 ' KB') | - | - | < 16 KB: $(verdict "$idle_kb" '<' 16) |"
 echo
 echo "Notes:"
-echo "- total bench time $(fmt "$(secs "$T_START" "$T_END")" 1 0 ' s'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+echo "- total bench time $(fmt "$(secs "$T_START" "$T_END")" 1 0 ' s') ($SECTION_TIMES); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 echo "- sbx times are taken inside Lua with sbx.now(); docker CLI and raw API times in bash around the commands (curl and docker process start-up included: that is their real cost)."
 echo "- create+destroy split (median): sbx $(fmt "$(median create)" 1 3 ' s') + $(fmt "$(median destroy)" 1 3 ' s'); docker CLI run $(fmt "$(median cli_create)" 1 3 ' s'); raw create+start $(fmt "$(median raw_create)" 1 3 ' s') (2 calls, then 1 DELETE)."
 echo "- exec as a shell string (\`box:exec(\"true\")\`, through the policy's sh wrapper): $(fmt "$(median exec_string)" 1000 1 ' ms'); the table uses the argv form \`{\"true\"}\`, the same work as \`docker exec C true\`. Raw API = exec create + attached start + exec inspect."
-echo "- concurrent: failures sbx $(maxof conc_failures), docker CLI $(maxof cli_conc_failures), raw $(maxof raw_conc_failures) (max per round); sbx setup of $BOXES boxes $(fmt "$(median conc_setup_s)" 1 2 ' s'), teardown $(fmt "$(median conc_teardown_s)" 1 2 ' s'); sbx RSS after each round: $(tr '\n' ' ' < "$TMP/conc_rss_kb" | awk '{for(i=1;i<=NF;i++) printf "%d%s", $i, (i<NF?", ":"")}') KB."
+echo "- concurrent: failures sbx $(fmt "$(maxof conc_failures)" 1 0 ""), docker CLI $(maxof cli_conc_failures), raw $(maxof raw_conc_failures) (max per round); sbx setup of $BOXES boxes $(fmt "$(median conc_setup_s)" 1 2 ' s'), teardown $(fmt "$(median conc_teardown_s)" 1 2 ' s'); sbx RSS after each round: $(tr '\n' ' ' < "$TMP/conc_rss_kb" | awk '{for(i=1;i<=NF;i++) printf "%d%s", $i, (i<NF?", ":"")}') KB."
 echo "- sbx RSS growth over $N sequential execs: $(fmt "$(median exec_rss_growth_kb)" 1 0 ' KB')."
 echo "- sbx peak RSS with a single \`true\` exec (baseline): $(fmt "$(maxof base_peak_kb)" 0.0009765625 1 ' MB'); with 50 MB: $(fmt "$m50_peak" 0.0009765625 1 ' MB'); with 1 GB: $(fmt "$g1_peak" 0.0009765625 1 ' MB') (delta vs 50 MB: $(fmt "$flat_delta" 1 0 ' KB')). Bytes kept per result (stdout + output captures): $(fmt "$(maxof m50_out_kept_bytes)" 1 0 ''). Throughput 1 GB: sbx $(awk -v t="$(median g1_out_time)" 'BEGIN{ if (t>0) printf "%.0f MB/s", 1024/t; else print "n/a" }')."
 echo "- raw API 50 MB stream bytes (8-byte frame headers included): $(maxof raw_m50_stream_bytes)."

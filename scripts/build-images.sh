@@ -89,6 +89,15 @@ import_tar() {
     if [ "${out##*$'\n'}" != "HTTP 200" ] || grep -q '"error"' <<<"$out"; then
         die "import of $repo:$tag failed: $out"
     fi
+    # Podman's compatible API ignores "tag" on import and names the image
+    # repo:latest: tag the imported id as asked.
+    if ! image_json "$repo:$tag" >/dev/null 2>&1; then
+        local id
+        id=$(grep -o 'sha256:[0-9a-f]\{64\}' <<<"$out" | tail -n1)
+        [ -n "$id" ] || id=$(image_id "$repo:latest")
+        api -f -X POST "http://localhost/images/$id/tag?repo=$repo&tag=$tag" >/dev/null \
+            || die "cannot tag $id as $repo:$tag"
+    fi
 }
 
 # check_image REF CMD: succeeds (and reports the size) if REF exists with the

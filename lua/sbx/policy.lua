@@ -24,6 +24,8 @@ policy.box = {
   -- Capabilities a shell user in a box never needs; apt-get still works.
   cap_drop = { "NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT" },
   cap_add = {},
+  ulimits = nil,                -- { nofile = 4096, nproc = 4096 }; nil: the daemon's defaults
+  podman_ulimits = { nofile = 4096, nproc = 4096 },  -- used on Podman when ulimits is nil
   no_new_privileges = true,
   lifetime = 24 * 3600,         -- seconds; the box stops itself after this, even if sbx dies
   pull = "missing",             -- "missing" | "always" | "never"

@@ -202,7 +202,7 @@ local function env_pairs(t)
   return json.array(l)
 end
 
-local function create_body(spec, pol)
+local function create_body(spec, pol, d)
   local o = owner_labels()
   local now = os.time()
   local labels = {
@@ -227,6 +227,17 @@ local function create_body(spec, pol)
   if spec.cpus then host.NanoCpus = math.floor(spec.cpus * 1e9) end
   if spec.pids then host.PidsLimit = math.floor(spec.pids) end
   if spec.tmpfs and next(spec.tmpfs) then host.Tmpfs = spec.tmpfs end
+  -- Podman asks runc for nofile/nproc limits above what its service may
+  -- grant once capabilities are dropped; it needs explicit ones.
+  local ulimits = spec.ulimits or (d.podman and spec.podman_ulimits)
+  if ulimits then
+    local l = {}
+    for name, v in pairs(ulimits) do
+      l[#l + 1] = { Name = name, Soft = math.floor(v), Hard = math.floor(v) }
+    end
+    table.sort(l, function(a, b) return a.Name < b.Name end)
+    host.Ulimits = json.array(l)
+  end
   if spec.host_config then for k, v in pairs(spec.host_config) do host[k] = v end end
   return {
     Image = spec.image,
@@ -256,7 +267,7 @@ function M.create(spec, pol)
   local ok, ierr, icode = ensure_image(d, spec.image, spec.pull)
   if not ok then return nil, ierr, icode end
   local name = spec.name or (spec.name_prefix .. string.format("%016x", math.random(0)):sub(1, 12))
-  local st, body, ccode = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol))
+  local st, body, ccode = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol, d))
   if not st then return nil, "cannot create the box: " .. body, ccode end
   local id = body.Id
   local sst, serr, scode = call(d, "POST", "/containers/" .. id .. "/start", nil, { ok = { [304] = true } })
