@@ -4,7 +4,7 @@
 #   make check      the suite again under ASan+UBSan
 #   make test-podman  the suite against Podman's Docker-compatible API
 #   make install PREFIX=/usr/local
-PKGS      := lua5.4 libcurl libcjson libuv
+PKGS      := lua5.4 libcurl libcjson libuv openssl
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
@@ -18,7 +18,7 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wundef -Wwrite-strings \
              -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=gnu11 -fPIC $(WARN) $(shell pkg-config --cflags $(PKGS))
-LIBS      := $(shell pkg-config --libs libcurl libcjson libuv)
+LIBS      := $(shell pkg-config --libs libcurl libcjson libuv openssl)
 LUALIB    := $(shell pkg-config --libs lua5.4)
 ifeq ($(SANITIZE),1)
 CFLAGS    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -26,12 +26,12 @@ LDFLAGS   += -fsanitize=address,undefined
 endif
 
 LIB_SRCS  := src/host.c src/http.c src/json.c src/stream.c src/text.c \
-             src/capture.c src/embed.c
+             src/capture.c src/embed.c src/sigv4.c src/ssm.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o
 
 all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
-     $(BUILD)/unit_capture $(BUILD)/embed_test
+     $(BUILD)/unit_capture $(BUILD)/unit_sigv4 $(BUILD)/unit_ssm $(BUILD)/embed_test
 
 $(BUILD)/%.o: src/%.c | $(BUILD)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -57,6 +57,12 @@ $(BUILD)/sbx: $(BUILD)/main.o $(BUILD)/libsbx.a
 
 $(BUILD)/unit_capture: tests/unit_capture.c $(BUILD)/capture.o
 	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^
+
+$(BUILD)/unit_sigv4: tests/unit_sigv4.c $(BUILD)/sigv4.o
+	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB)
+
+$(BUILD)/unit_ssm: tests/unit_ssm.c $(BUILD)/ssm.o
+	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB)
 
 $(BUILD)/embed_test: tests/embed_test.c $(BUILD)/libsbx.a
 	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB) -lm

@@ -9,7 +9,8 @@
 #   --quick     N=5, 1 concurrent round, 1 run per big output, no 1 GB for CLI/raw
 # Env:
 #   BENCH_N          samples for create+destroy and exec latency (default 10)
-#   BENCH_ROUNDS     rounds of the 16 boxes x 20 execs test (default 2)
+#   BENCH_ROUNDS     rounds of the 16 boxes x 20 execs test (default 1: one
+#                    round is 320 execs per client and ~75 s in all)
 #   BENCH_BOXES / BENCH_EXECS   shape of the concurrent test (16 / 20)
 #   BENCH_BIG_RUNS   runs of the 50 MB output per client (default 3)
 #   BENCH_1G_RUNS    runs of the 1 GB output through sbx (default 1)
@@ -33,7 +34,7 @@ root=$(cd "$here/.." && pwd)
 cd "$root"
 
 N=${BENCH_N:-10}
-ROUNDS=${BENCH_ROUNDS:-2}
+ROUNDS=${BENCH_ROUNDS:-1}
 BOXES=${BENCH_BOXES:-16}
 EXECS=${BENCH_EXECS:-20}
 BIG_RUNS=${BENCH_BIG_RUNS:-3}
@@ -371,7 +372,7 @@ echo "- create+destroy split (median): sbx $(fmt "$(median create)" 1 3 ' s') + 
 echo "- exec as a shell string (\`box:exec(\"true\")\`, through the policy's sh wrapper): $(fmt "$(median exec_string)" 1000 1 ' ms'); the table uses the argv form \`{\"true\"}\`, the same work as \`docker exec C true\`. Raw API = exec create + attached start + exec inspect."
 echo "- concurrent: failures sbx $(fmt "$(maxof conc_failures)" 1 0 ""), docker CLI $(maxof cli_conc_failures), raw $(maxof raw_conc_failures) (max per round); sbx setup of $BOXES boxes $(fmt "$(median conc_setup_s)" 1 2 ' s'), teardown $(fmt "$(median conc_teardown_s)" 1 2 ' s'); sbx RSS after each round: $(tr '\n' ' ' < "$TMP/conc_rss_kb" | awk '{for(i=1;i<=NF;i++) printf "%d%s", $i, (i<NF?", ":"")}') KB."
 echo "- sbx RSS growth over $N sequential execs: $(fmt "$(median exec_rss_growth_kb)" 1 0 ' KB')."
-echo "- sbx peak RSS with a single \`true\` exec (baseline): $(fmt "$(maxof base_peak_kb)" 0.0009765625 1 ' MB'); with 50 MB: $(fmt "$m50_peak" 0.0009765625 1 ' MB'); with 1 GB: $(fmt "$g1_peak" 0.0009765625 1 ' MB') (delta vs 50 MB: $(fmt "$flat_delta" 1 0 ' KB')). Bytes kept per result (stdout + output captures): $(fmt "$(maxof m50_out_kept_bytes)" 1 0 ''). Throughput 1 GB: sbx $(awk -v t="$(median g1_out_time)" 'BEGIN{ if (t>0) printf "%.0f MB/s", 1024/t; else print "n/a" }')."
+echo "- sbx peak RSS with a single \`true\` exec (baseline): $(fmt "$(maxof base_peak_kb)" 0.0009765625 1 ' MB'); with 50 MB: $(fmt "$m50_peak" 0.0009765625 1 ' MB'); with 1 GB: $(fmt "$g1_peak" 0.0009765625 1 ' MB') (delta vs 50 MB: $(fmt "$flat_delta" 1 0 ' KB')); VmHWM read inside Lua: $(fmt "$(maxof m50_out_hwm_kb)" 0.0009765625 1 ' MB') / $(fmt "$(maxof g1_out_hwm_kb)" 0.0009765625 1 ' MB'). Bytes kept per result (stdout + output captures): $(fmt "$(maxof m50_out_kept_bytes)" 1 0 ''). Throughput 1 GB: sbx $(awk -v t="$(median g1_out_time)" 'BEGIN{ if (t>0) printf "%.0f MB/s", 1024/t; else print "n/a" }')."
 echo "- raw API 50 MB stream bytes (8-byte frame headers included): $(maxof raw_m50_stream_bytes)."
 echo "- idle boxes: VmRSS $(fmt "$(median idle_rss0_kb)" 1 0 ' KB') with 0 boxes, $(fmt "$(median idle_rss1_kb)" 1 0 ' KB') with $IDLE, $(fmt "$(median idle_rss_after_close_kb)" 1 0 ' KB') after closing them; Lua heap $(fmt "$(median idle_heap_per_box_kb)" 1 2 ' KB') per box, $(fmt "$(median idle_heap_after_close_kb)" 1 1 ' KB') left after closing all."
 echo "- other containers on the daemon: $others_before at start, $others_after at the end (someone else's load skews the numbers); bench containers left before cleanup: $leftover."

@@ -2,7 +2,7 @@
 # Prepare a Debian 12 host for building and testing sbx: packages, a running
 # dockerd, and the base images. Safe to run repeatedly.
 #
-# Usage: scripts/setup.sh [--no-images] [--podman] [--force-images]
+# Usage: scripts/setup.sh [--no-images] [--no-sdks] [--podman] [--force-images]
 # Env:   SBX_SETUP_EXTRA_PACKAGES  extra Debian packages (space separated)
 #        DOCKER_HOST               unix:///path/to/docker.sock (default /var/run/docker.sock)
 set -euo pipefail
@@ -12,11 +12,13 @@ log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 with_images=1
+with_sdks=1
 with_podman=0
 image_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-images) with_images=0 ;;
+        --no-sdks) with_sdks=0 ;;
         --podman) with_podman=1 ;;
         --force-images) image_args+=(--force) ;;
         -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -120,6 +122,25 @@ else
         exit 1
     fi
     log "docker daemon is up on $sock"
+fi
+
+# --- node SDKs for the tests -------------------------------------------------
+# The official OpenAI, Anthropic, Gemini and MCP SDKs serve as type oracles
+# and as a real MCP client in the tests.
+if [ "$with_sdks" -eq 1 ]; then
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        log "installing nodejs and npm"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    fi
+    sdk="$here/../tests/sdk"
+    if [ ! -f "$sdk/node_modules/.package-lock.json" ] || [ "$sdk/package-lock.json" -nt "$sdk/node_modules/.package-lock.json" ]; then
+        log "installing the test SDKs (npm ci in tests/sdk)"
+        (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    else
+        log "test SDKs already installed"
+    fi
 fi
 
 # --- images -----------------------------------------------------------------

@@ -868,6 +868,10 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "stream");
   sbx_open_text(L);
   lua_setfield(L, -2, "text");
+  sbx_open_sigv4(L);
+  lua_setfield(L, -2, "sigv4");
+  sbx_open_ssm(L);
+  lua_setfield(L, -2, "ssm");
   lua_pushstring(L, SBX_VERSION);
   lua_setfield(L, -2, "version");
   return 1;

@@ -89,6 +89,8 @@ int sbx_open_http(lua_State *L);
 int sbx_open_json(lua_State *L);
 int sbx_open_stream(lua_State *L);
 int sbx_open_text(lua_State *L);
+int sbx_open_sigv4(lua_State *L);
+int sbx_open_ssm(lua_State *L);
 void sbx_http_shutdown(struct sbx_host *h);
 
 #endif

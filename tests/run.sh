@@ -43,6 +43,9 @@ run_one() {
 }
 
 run_one unit_capture "$build/unit_capture"
+# The AWS suites live in ../shared (next to the clone, read-only in CI).
+run_one unit_sigv4 "$build/unit_sigv4" "${SBX_SHARED:-../shared}/testdata/aws-sigv4"
+run_one unit_ssm "$build/unit_ssm" "${SBX_SHARED:-../shared}/testdata/ssm/vectors.jsonl"
 run_one embed_test "$build/embed_test"
 # A sanitized sbx.so inside an unsanitized lua5.4 needs the runtimes first.
 preload=
@@ -50,6 +53,9 @@ if [ -n "${SBX_SANITIZED:-}" ]; then
   preload="$(${CC:-cc} -print-file-name=libasan.so):$(${CC:-cc} -print-file-name=libubsan.so)"
 fi
 run_one stock_lua env LD_PRELOAD="$preload" LUA_CPATH="$PWD/$build/?.so;;" lua5.4 tests/stock_lua.lua
+if command -v node >/dev/null && [ -d tests/sdk/node_modules ]; then
+  run_one sdk_types tests/sdk/types_test.sh
+fi
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done

@@ -11,7 +11,10 @@ commands:
   reap [--all] [--dry-run]
                          remove boxes whose owner process is gone or whose
                          lifetime has passed (--all: every sbx box)
-  tools [--format F]     print the tool definitions the policy gives a model
+  tools [--format F] [--strict|--no-strict]
+                         print the tools the policy defines, as the value of
+                         a request's tools field; F: openai, openai-responses,
+                         anthropic, gemini, mcp (default)
 
 options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
@@ -64,19 +67,17 @@ function commands.reap(args)
 end
 
 function commands.tools(args)
-  local format = "sbx"
+  local format, strict = "mcp", nil
   local i = 1
   while args[i] do
     if args[i] == "--format" then format = args[i + 1]; i = i + 2
+    elseif args[i] == "--strict" then strict = true; i = i + 1
+    elseif args[i] == "--no-strict" then strict = false; i = i + 1
     else err("tools: unknown option ", args[i]) return 2 end
   end
-  local out = {}
-  for _, t in ipairs(sbx.tools.definitions()) do
-    out[#out + 1] = setmetatable({ name = t.name, description = t.description, parameters = t.schema },
-      { __jsonorder = { "name", "description", "parameters" } })
-  end
-  if format ~= "sbx" then err("tools: unknown format ", tostring(format)) return 2 end
-  print(sbx.json.encode(sbx.json.array(out)))
+  local out, ferr = sbx.tools.export(format, { strict = strict })
+  if not out then err("tools: ", ferr) return 2 end
+  print(sbx.json.encode(out))
   return 0
 end
 

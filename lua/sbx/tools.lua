@@ -181,6 +181,11 @@ function M.for_box(box)
   return list
 end
 
+-- sbx.tools.export(format, {strict=}) -> the policy's tools in a provider's shape
+function M.export(format, opts, defs)
+  return require("sbx.export").tools(defs or M.definitions(), format, opts)
+end
+
 -- sbx.tools.call(tools, name, args) -> text for the model. args may be a
 -- JSON string or a table. Nothing raises for a model's mistake.
 function M.call(tools, name, args)
