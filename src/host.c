@@ -135,6 +135,10 @@ sbx_wake(struct sbx_waiter *w)
     w->detach(w);
   if (w->task)
     task_make_ready(w->task);
+  /* A wake from a timer callback would otherwise be followed, in the same
+  ** uv_run pass, by a poll that may block forever: make this pass return
+  ** so the driver resumes the woken code first. */
+  uv_stop(&w->host->loop);
 }
 
 static void
@@ -250,9 +254,12 @@ sbx_raise_cancelled(lua_State *L)
 {
   struct sbx_host *h = sbx_host_get(L);
   struct sbx_task *t = task_of(L);
+  /* No position prefix: callers match these messages by their start. */
   if (t && t->cancel_requested)
-    return luaL_error(L, "cancelled");
-  return luaL_error(L, "interrupted (signal %d)", h->last_signal);
+    lua_pushliteral(L, "cancelled");
+  else
+    lua_pushfstring(L, "interrupted (signal %d)", h->last_signal);
+  return lua_error(L);
 }
 
 /* ---------------------------------------------------------------- tasks */
@@ -872,6 +879,8 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "sigv4");
   sbx_open_ssm(L);
   lua_setfield(L, -2, "ssm");
+  sbx_open_lines(L);
+  lua_setfield(L, -2, "lines");
   lua_pushstring(L, SBX_VERSION);
   lua_setfield(L, -2, "version");
   return 1;

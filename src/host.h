@@ -91,6 +91,7 @@ int sbx_open_stream(lua_State *L);
 int sbx_open_text(lua_State *L);
 int sbx_open_sigv4(lua_State *L);
 int sbx_open_ssm(lua_State *L);
+int sbx_open_lines(lua_State *L);
 void sbx_http_shutdown(struct sbx_host *h);
 
 #endif

@@ -680,6 +680,7 @@ stream_info(lua_State *L)
   lua_setfield(L, -2, "stderr_bytes");
   lua_pushnumber(L, (s->eof ? s->ended : sbx_now()) - s->started);
   lua_setfield(L, -2, "duration");
+
   return 1;
 }
 

@@ -55,6 +55,7 @@ fi
 run_one stock_lua env LD_PRELOAD="$preload" LUA_CPATH="$PWD/$build/?.so;;" lua5.4 tests/stock_lua.lua
 if command -v node >/dev/null && [ -d tests/sdk/node_modules ]; then
   run_one sdk_types tests/sdk/types_test.sh
+  run_one mcp_test node tests/sdk/mcp_test.mjs
 fi
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"

@@ -248,18 +248,27 @@ function Box:exec(command, opts)
   local stream = job.stream
   local deadline = started + timeout
   local timed_out = false
-  while true do
-    local left = deadline - core.now()
-    local ev = left > 0 and stream:wait(left) or "timeout"
-    if ev == "data" or (ev == "eof" and on_output) then
-      local out, errs = stream:take()
-      if on_output then
-        if #out > 0 then on_output("stdout", out) end
-        if #errs > 0 then on_output("stderr", errs) end
+  local ok, perr = pcall(function()
+    while true do
+      local left = deadline - core.now()
+      local ev = left > 0 and stream:wait(left) or "timeout"
+      if ev == "data" or (ev == "eof" and on_output) then
+        local out, errs = stream:take()
+        if on_output then
+          if #out > 0 then on_output("stdout", out) end
+          if #errs > 0 then on_output("stderr", errs) end
+        end
       end
+      if ev == "eof" then break end
+      if ev == "timeout" then timed_out = true; break end
     end
-    if ev == "eof" then break end
-    if ev == "timeout" then timed_out = true; break end
+  end)
+  if not ok then
+    -- Cancelled, interrupted, or the callback raised: the command must not
+    -- outlive the call that started it.
+    pcall(kill_tree, self, job)
+    stream:close()
+    error(perr, 0)
   end
   local fields = { timed_out = timed_out, timeout = timeout, command = command }
   if timed_out then

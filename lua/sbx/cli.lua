@@ -16,6 +16,10 @@ commands:
                          a request's tools field; F: openai, openai-responses,
                          anthropic, gemini, mcp (default)
 
+  mcp [--backend B] [--image I]
+                         serve the tools over MCP (stdio, JSON-RPC 2.0); one
+                         box per session, created at the first tool call
+
 options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
                          bundled policy ("lm-deluge"); also SBX_POLICY
@@ -78,6 +82,24 @@ function commands.tools(args)
   local out, ferr = sbx.tools.export(format, { strict = strict })
   if not out then err("tools: ", ferr) return 2 end
   print(sbx.json.encode(out))
+  return 0
+end
+
+function commands.mcp(args)
+  local box = {}
+  local i = 1
+  while args[i] do
+    local a = args[i]
+    if a == "--backend" then box.backend = args[i + 1]; i = i + 2
+    elseif a == "--image" then box.image = args[i + 1]; i = i + 2
+    else err("mcp: unknown option ", a) return 2 end
+  end
+  local ok, e = pcall(require("sbx.mcp").serve, { box = box })
+  if not ok then
+    if tostring(e):find("interrupted") then return 0 end
+    err(tostring(e))
+    return 1
+  end
   return 0
 end
 

@@ -126,19 +126,19 @@ local function opt(v)
   return v
 end
 
-function handlers.bash(box, a)
+function handlers.bash(box, a, ctx)
   local pol = sbx.policy
   local background = opt(a.run_in_background)
   if a.wait ~= nil and opt(a.wait) == false then background = true end
   if background then
     local name, err = box:spawn(a.command, { name = opt(a.name) })
-    if not name then return pol.format_tool_error(err) end
+    if not name then return pol.format_tool_error(err), true end
     local p = box.procs[name]
     return pol.format_started({ name = name, command = p.command })
   end
   local timeout = opt(a.timeout)
-  local r, err = box:exec(a.command, { timeout = timeout })
-  if not r then return pol.format_tool_error(err) end
+  local r, err = box:exec(a.command, { timeout = timeout, on_output = ctx and ctx.on_output })
+  if not r then return pol.format_tool_error(err), true end
   return pol.format_result(r)
 end
 
@@ -148,13 +148,13 @@ end
 
 function handlers.process_output(box, a)
   local o, err = box:output(a.name, { offset = opt(a.offset), max_bytes = opt(a.max_bytes) })
-  if not o then return sbx.policy.format_tool_error(err) end
+  if not o then return sbx.policy.format_tool_error(err), true end
   return sbx.policy.format_process_output(o)
 end
 
 function handlers.kill_process(box, a)
   local p, err = box:kill(a.name, opt(a.signal))
-  if not p then return sbx.policy.format_tool_error(err) end
+  if not p then return sbx.policy.format_tool_error(err), true end
   return sbx.policy.format_killed(p)
 end
 M.handlers = handlers
@@ -176,7 +176,7 @@ function M.for_box(box)
   for _, t in ipairs(list) do
     local run = t.run or handlers[t.name]
     if not run then error("tool '" .. t.name .. "' has no handler (set tools." .. t.name .. ".run in the policy)") end
-    t.run = function(args) return run(box, args) end
+    t.run = function(args, ctx) return run(box, args, ctx) end
   end
   return list
 end
@@ -186,33 +186,39 @@ function M.export(format, opts, defs)
   return require("sbx.export").tools(defs or M.definitions(), format, opts)
 end
 
--- sbx.tools.call(tools, name, args) -> text for the model. args may be a
--- JSON string or a table. Nothing raises for a model's mistake.
-function M.call(tools, name, args)
+-- sbx.tools.call(tools, name, args [, ctx]) -> text for the model, is_error.
+-- args may be a JSON string or a table. Nothing raises for a model's
+-- mistake. ctx is handed to the handler (ctx.on_output streams output).
+function M.call(tools, name, args, ctx)
   local pol = sbx.policy
   local tool
   for _, t in ipairs(tools) do if t.name == name then tool = t end end
   if not tool then
     local names = {}
     for _, t in ipairs(tools) do names[#names + 1] = t.name end
-    return pol.format_tool_error(string.format("there is no tool named '%s'; available tools: %s", tostring(name), table.concat(names, ", ")))
+    return pol.format_tool_error(string.format("there is no tool named '%s'; available tools: %s", tostring(name), table.concat(names, ", "))), true
   end
   if args == nil or args == "" then args = {} end
   if type(args) == "string" then
     local decoded, err = json.decode(args)
     if decoded == nil then
-      return pol.format_tool_error(string.format("the arguments for %s are not valid JSON (%s); send a JSON object such as {\"command\": \"ls\"}", name, err))
+      return pol.format_tool_error(string.format("the arguments for %s are not valid JSON (%s); send a JSON object such as {\"command\": \"ls\"}", name, err)), true
     end
     args = decoded
   end
   if type(args) ~= "table" or type_of(args) == "array" and next(args) ~= nil then
-    return pol.format_tool_error(string.format("the arguments for %s must be a JSON object, not %s", name, describe(args)))
+    return pol.format_tool_error(string.format("the arguments for %s must be a JSON object, not %s", name, describe(args))), true
   end
   local ok, err = M.validate(args, tool.schema, "arguments")
-  if not ok then return pol.format_tool_error(string.format("invalid arguments for %s: %s", name, err)) end
-  local res = table.pack(pcall(tool.run, args))
-  if not res[1] then return pol.format_tool_error(tostring(res[2])) end
-  return tostring(res[2])
+  if not ok then return pol.format_tool_error(string.format("invalid arguments for %s: %s", name, err)), true end
+  local res = table.pack(pcall(tool.run, args, ctx))
+  if not res[1] then
+    -- A cancelled or interrupted call is the caller's business, not the model's.
+    local msg = tostring(res[2])
+    if msg:find("^cancelled") or msg:find("^interrupted") then error(res[2], 0) end
+    return pol.format_tool_error(msg), true
+  end
+  return tostring(res[2]), res[3] == true
 end
 
 return M
