@@ -80,10 +80,7 @@ function policy.format_processes(list, name)
   return table.concat(rows, "\n")
 end
 
--- Exceptions reach the model as "Error: <message>".
-function policy.format_tool_error(msg)
-  return "Error: " .. msg
-end
+-- Exceptions reach the model as "Error: <message>", as in the default policy.
 
 policy.tools = {
   bash = {
