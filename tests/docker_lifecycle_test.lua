@@ -105,6 +105,30 @@ for _, sig in ipairs { "TERM", "INT" } do
   tap.is(cid and H.container(cid), nil, "SIG" .. sig .. " to the host removes its box")
 end
 
+-- A signal while boxes are still being created leaves nothing behind.
+do
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write([[
+local sbx = require "sbx"
+for i = 1, 5 do sbx.spawn(function() sbx.box { image = "]] .. H.busybox .. [[" }; sbx.sleep(60) end) end
+sbx.sleep(60)
+]])
+  f:close()
+  for _, delay in ipairs { 0.05, 0.15, 0.3 } do
+    local cpid = H.sh(string.format("%s run %s >/dev/null 2>&1 & echo $!", H.sbx_bin, path)):match("%d+")
+    sbx.sleep(delay)
+    H.sh("kill -INT " .. cpid)
+    for _ = 1, 100 do
+      if H.sh("kill -0 " .. cpid .. " 2>/dev/null; echo $?"):match("1") then break end
+      sbx.sleep(0.1)
+    end
+    local filters = sbx.json.encode { label = sbx.json.array { "sbx.owner.pid=" .. cpid } }
+    local _, list = H.api("GET", "/containers/json?all=true&filters=" .. sbx.http.escape(filters))
+    tap.is(#list, 0, string.format("SIGINT %.2f s into creating 5 boxes leaves none", delay))
+  end
+end
+
 local normal = [[
 local sbx = require "sbx"
 local b = assert(sbx.box { image = "]] .. H.busybox .. [[" })

@@ -19,6 +19,13 @@ commands:
   mcp [--backend B] [--image I]
                          serve the tools over MCP (stdio, JSON-RPC 2.0); one
                          box per session, created at the first tool call
+  eval TASKS [--concurrency N] [--backend B] [--image I] [--out FILE]
+       [--report FILE]   run evaluation tasks (TASKS: a .jsonl file, one JSON
+                         task per line, or a .lua file returning a list), each
+                         in its own box; results as JSON Lines in --out (tasks
+                         already passed/failed there are skipped), an HTML
+                         report with --report. Exit 0 when every task ran,
+                         1 on errors or interrupt, 2 on usage errors
 
 options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
@@ -48,6 +55,9 @@ function commands.run(args)
   local signals, last = sbx.core.signals()
   if signals > 0 and tostring(e):find("interrupted") then
     err("interrupted; removing boxes")
+    -- Tasks woke with the same error and are cleaning up after themselves
+    -- (a box half created, a command to kill): let them finish.
+    pcall(sbx.drain)
     return 128 + last
   end
   err(tostring(e))
@@ -100,6 +110,51 @@ function commands.mcp(args)
     err(tostring(e))
     return 1
   end
+  return 0
+end
+
+function commands.eval(args)
+  local harness = require "sbx.harness"
+  local opts = { box = {}, progress = "auto", summary_stream = io.stdout }
+  local file, report
+  local i = 1
+  while args[i] do
+    local a, v = args[i], args[i + 1]
+    local function need()
+      if v == nil then err("eval: ", a, " needs a value") return false end
+      i = i + 2
+      return true
+    end
+    if a == "--concurrency" then
+      if not need() then return 2 end
+      opts.concurrency = math.tointeger(tonumber(v))
+      if not opts.concurrency or opts.concurrency < 1 then err("eval: --concurrency must be a positive integer") return 2 end
+    elseif a == "--backend" then if not need() then return 2 end opts.backend = v
+    elseif a == "--image" then if not need() then return 2 end opts.box.image = v
+    elseif a == "--out" then if not need() then return 2 end opts.out = v
+    elseif a == "--report" then if not need() then return 2 end report = v
+    elseif a:sub(1, 2) == "--" then err("eval: unknown option ", a) return 2
+    elseif file then err("eval: one task file only (got ", file, " and ", a, ")") return 2
+    else file = a; i = i + 1 end
+  end
+  if not file then err("eval needs a task file (sbx eval TASKS.jsonl|TASKS.lua)") return 2 end
+  local tasks, terr = harness.load_tasks(file)
+  if not tasks then err("eval: ", terr) return 2 end
+  opts.tasks = tasks
+  local ok, summary = pcall(harness.run, opts)
+  if not ok then
+    local e = tostring(summary)
+    -- Bad task definitions are usage errors; anything else is a failure.
+    if e:find("^task ") or e:find("concurrency") then err("eval: ", e) return 2 end
+    err("eval: ", e)
+    return 1
+  end
+  if report then
+    local rok, rerr = harness.write_report(report, summary.all, { title = "sbx eval: " .. file })
+    if not rok then err("eval: cannot write the report: ", rerr) return 1 end
+  end
+  if summary.interrupted then err("interrupted; boxes removed, finished results kept") return 1 end
+  if summary.errors > 0 then return 1 end
   return 0
 end
 

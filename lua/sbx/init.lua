@@ -137,10 +137,14 @@ end
 -- Runs until every spawned task has finished; reports failures nobody read.
 function sbx.drain()
   local ok, err = core.drain()
+  local interrupted = core.signals() > 0
   for t in pairs(spawned) do
     if t:status() == "failed" and not t:observed() then
       local _, msg = t:result()
-      io.stderr:write("sbx: a task failed and nobody waited for it: ", tostring(msg), "\n")
+      -- After a signal every waiting task fails the same way: say it once.
+      if not (interrupted and tostring(msg):find("^interrupted")) then
+        io.stderr:write("sbx: a task failed and nobody waited for it: ", tostring(msg), "\n")
+      end
     end
     if t:done() then spawned[t] = nil end
   end
@@ -165,4 +169,6 @@ end
 sbx.tools = require "sbx.tools"
 sbx.tools.init(sbx)
 
+sbx.harness = require "sbx.harness"
+sbx.httpc = require "sbx.httpc"
 return sbx

@@ -267,15 +267,32 @@ function M.create(spec, pol)
   local ok, ierr, icode = ensure_image(d, spec.image, spec.pull)
   if not ok then return nil, ierr, icode end
   local name = spec.name or (spec.name_prefix .. string.format("%016x", math.random(0)):sub(1, 12))
-  local st, body, ccode = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol, d))
+  local function remove(racing)
+    -- After an aborted create the daemon may still be making the container:
+    -- a 404 then means "not yet", so look again for a moment.
+    for _ = 1, racing and 20 or 1 do
+      local st = call(d, "DELETE", "/containers/" .. urlq(name) .. "?force=true&v=true", nil, { ok = { [404] = true, [409] = true } })
+      if st ~= 404 then return end
+      core.sleep(0.1)
+    end
+  end
+  -- The name is known before the daemon answers: whatever stops us half way
+  -- (an interrupt, a cancel) removes what may already exist, then goes on.
+  local ok, st, body, ccode, sst, serr, scode = pcall(function()
+    local st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol, d))
+    if not st_ then return st_, body_, ccode_ end
+    return st_, body_, ccode_, call(d, "POST", "/containers/" .. body_.Id .. "/start", nil, { ok = { [304] = true } })
+  end)
+  if not ok then
+    pcall(remove, true)
+    error(st, 0)
+  end
   if not st then return nil, "cannot create the box: " .. body, ccode end
-  local id = body.Id
-  local sst, serr, scode = call(d, "POST", "/containers/" .. id .. "/start", nil, { ok = { [304] = true } })
   if not sst then
-    call(d, "DELETE", "/containers/" .. id .. "?force=true&v=true", nil, { ok = { [404] = true, [409] = true } })
+    remove()
     return nil, "cannot start the box: " .. serr, scode
   end
-  return { id = id, name = name, daemon = d }
+  return { id = body.Id, name = name, daemon = d }
 end
 
 -- destroy(handle, detached): force-removes the container (kill + delete in
