@@ -1,0 +1,629 @@
+-- sbx.harness: run a list of evaluation tasks, each in its own box, with
+-- bounded concurrency, results as JSON Lines, resume, progress and a summary.
+--
+--   local sbx = require "sbx"
+--   local summary = sbx.harness.run {
+--     tasks = {
+--       { id = "add", files = { ["/work/t.sh"] = "test $((1+1)) = 2" },
+--         setup = { "echo ready" }, run = "sh /work/t.sh", timeout = 30 },
+--       { id = "grep", run = "echo hello > /tmp/o", check = "grep -q hello /tmp/o" },
+--       { id = "lua", run = function(box, task) return box:exec("true") end,
+--         check = function(box, task) return box:read_file("/etc/hostname") ~= nil end },
+--     },
+--     concurrency = 8, box = { image = "sbx-busybox:latest" },
+--     out = "results.jsonl",            -- appended as each task ends; resumable
+--     progress = "auto",                -- "tty" (one live line), "plain", "none"
+--   }
+--   print(summary.passed, summary.failed, summary.errors, summary.interrupted)
+--
+-- A task passes when its check exits 0 (or returns truthy, for a Lua
+-- function), or, without a check, when run exits 0. "failed" is the verdict
+-- on the task (a failing setup command, run timing out, a failing check);
+-- "error" is the harness or the daemon failing (no box, a Lua error, a
+-- write that could not happen). When `out` exists, ids with a passed or
+-- failed line are skipped; error ones run again. On SIGINT/SIGTERM no new
+-- task starts, finished results stay in the file, every box is closed and
+-- the summary says interrupted = true.
+--
+-- Command line: sbx eval TASKS.jsonl|TASKS.lua [--concurrency N]
+--   [--backend B] [--image I] [--out results.jsonl] [--report report.html]
+local M = {}
+
+local function lib() return require "sbx" end   -- loaded lazily: init.lua requires us
+
+local function is_null(v, json) return v == nil or v == json.null end
+
+local function warn(...)
+  io.stderr:write("sbx eval: ", table.concat({ ... }), "\n")
+end
+
+-- Ordered JSON objects for readable lines.
+local function ordered(t, keys)
+  return setmetatable(t, { __jsonorder = keys })
+end
+
+local RESULT_KEYS = { "id", "status", "passed", "reason", "error", "code", "duration", "started_at", "start_offset", "phases" }
+local PHASE_KEYS = { "exit_code", "timed_out", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "value", "output" }
+
+-- Tasks ---------------------------------------------------------------------
+
+-- Checks one task table; returns it or raises a usage error.
+local function validate(t, i, seen, json)
+  if type(t) ~= "table" then error(string.format("task #%d is not a table", i), 0) end
+  if is_null(t.id, json) or t.id == "" then error(string.format("task #%d has no id", i), 0) end
+  if type(t.id) ~= "string" and type(t.id) ~= "number" then
+    error(string.format("task #%d: id must be a string or a number", i), 0)
+  end
+  local id = tostring(t.id)
+  if seen[id] then error(string.format("task #%d: duplicate id '%s'", i, id), 0) end
+  seen[id] = true
+  local function cmd_ok(v)
+    return v == nil or type(v) == "string" or type(v) == "function" or type(v) == "table"
+  end
+  for _, k in ipairs { "run", "check", "box", "files", "setup", "timeout" } do
+    if t[k] == json.null then t[k] = nil end
+  end
+  if t.run == nil and t.check == nil then error(string.format("task '%s' has neither run nor check", id), 0) end
+  if not cmd_ok(t.run) or not cmd_ok(t.check) then
+    error(string.format("task '%s': run and check must be a command string, an argv list or a function", id), 0)
+  end
+  if t.setup ~= nil and type(t.setup) ~= "table" and type(t.setup) ~= "string" and type(t.setup) ~= "function" then
+    error(string.format("task '%s': setup must be a list of commands", id), 0)
+  end
+  if t.files ~= nil and type(t.files) ~= "table" then error(string.format("task '%s': files must map path to content", id), 0) end
+  if t.box ~= nil and type(t.box) ~= "table" then error(string.format("task '%s': box must be a table of options", id), 0) end
+  if t.timeout ~= nil and (type(t.timeout) ~= "number" or t.timeout <= 0) then
+    error(string.format("task '%s': timeout must be a positive number of seconds", id), 0)
+  end
+  return t
+end
+
+-- harness.load_tasks(path) -> list | nil, message. A .jsonl file holds one
+-- JSON task per line; a .lua file returns a list of tasks.
+function M.load_tasks(path)
+  local json = lib().json
+  if path:match("%.lua$") then
+    local chunk, err = loadfile(path, "t")
+    if not chunk then return nil, err end
+    local ok, tasks = pcall(chunk)
+    if not ok then return nil, path .. ": " .. tostring(tasks) end
+    if type(tasks) ~= "table" then return nil, path .. ": must return a list of tasks" end
+    return tasks
+  end
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local tasks, n = {}, 0
+  for line in f:lines() do
+    n = n + 1
+    if line:match("%S") then
+      local t, jerr = json.decode(line)
+      if type(t) ~= "table" then
+        f:close()
+        return nil, string.format("%s:%d: %s", path, n, jerr or "a task must be a JSON object")
+      end
+      tasks[#tasks + 1] = t
+    end
+  end
+  f:close()
+  return tasks
+end
+
+-- Results file ---------------------------------------------------------------
+
+-- Reads an existing results file: id -> last result, and the list of results
+-- in file order (last line per id wins). Malformed lines are warned about.
+local function read_results(path, json)
+  local f = io.open(path, "rb")
+  if not f then return {}, {}, false end
+  local by_id, n = {}, 0
+  local data = f:read("a")
+  f:close()
+  for line in data:gmatch("([^\n]*)\n?") do
+    n = n + 1
+    if line:match("%S") then
+      local r = json.decode(line)
+      if type(r) == "table" and r.id ~= nil and r.id ~= json.null and type(r.status) == "string" then
+        by_id[tostring(r.id)] = r
+      else
+        warn(string.format("%s:%d: ignoring a malformed line", path, n))
+      end
+    end
+  end
+  local list = {}
+  for _, r in pairs(by_id) do list[#list + 1] = r end
+  table.sort(list, function(a, b) return tostring(a.id) < tostring(b.id) end)
+  return by_id, list, #data > 0 and data:sub(-1) ~= "\n"
+end
+
+-- Running one task ------------------------------------------------------------
+
+-- An infrastructure failure, raised as a table so it is told from a verdict.
+local function infra(msg, code)
+  error({ harness_error = true, message = tostring(msg), code = code }, 0)
+end
+
+local function summarize(sbx, r)
+  local p = {
+    exit_code = r.exit_code,
+    timed_out = r.timed_out and true or false,
+    truncated = r.truncated and true or false,
+    duration = r.duration,
+    stdout_bytes = r.stdout_bytes,
+    stderr_bytes = r.stderr_bytes,
+    signal = r.signal,
+  }
+  if r.parts and r.parts.output then
+    p.output = sbx.policy.format_output(r.parts.output, sbx.policy.output)
+  else
+    p.output = r.output
+  end
+  return ordered(p, PHASE_KEYS)
+end
+
+-- Runs one command (string, argv or function) in the box: phase record, ok.
+local function run_command(sbx, box, task, cmd, is_check)
+  if type(cmd) == "function" then
+    local t0 = sbx.now()
+    local v = cmd(box, task)
+    local dt = sbx.now() - t0
+    if type(v) == "table" and (v.exit_code ~= nil or v.timed_out ~= nil) and v.duration then
+      local p = summarize(sbx, v)
+      p.duration = dt
+      return p, v.exit_code == 0 and not v.timed_out
+    end
+    local p = ordered({ duration = dt, value = (type(v) ~= "table" and v ~= nil) and v or nil }, PHASE_KEYS)
+    if type(p.value) == "string" and #p.value > 4096 then p.value = p.value:sub(1, 4096) end
+    if type(p.value) ~= "string" and type(p.value) ~= "number" and type(p.value) ~= "boolean" then p.value = nil end
+    return p, v and true or false
+  end
+  local r, err, code = box:exec(cmd, { timeout = task.timeout })
+  if not r then infra((is_check and "check: " or "") .. tostring(err), code) end
+  return summarize(sbx, r), r.exit_code == 0 and not r.timed_out
+end
+
+local function box_options(opts, task)
+  local spec = {}
+  for k, v in pairs(opts.box or {}) do spec[k] = v end
+  if opts.backend then spec.backend = opts.backend end
+  for k, v in pairs(task.box or {}) do spec[k] = v end
+  local labels = {}
+  for k, v in pairs(spec.labels or {}) do labels[k] = v end
+  labels["sbx.task"] = tostring(task.id)
+  spec.labels = labels
+  return spec
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  return keys
+end
+
+-- The body of one task, in its box. Fills res; raises on infrastructure errors.
+local function task_body(sbx, box, task, res)
+  for _, path in ipairs(sorted_keys(task.files or {})) do
+    local data = task.files[path]
+    if type(data) ~= "string" then infra(string.format("files['%s'] must be a string", tostring(path)), "bad_task") end
+    local ok, err, code = box:write_file(path, data, { timeout = task.timeout })
+    if not ok then infra(err, code) end
+  end
+  local setup = task.setup
+  if setup ~= nil and (type(setup) ~= "table" or (getmetatable(setup) and getmetatable(setup).__call)) then setup = { setup } end
+  if setup and #setup > 0 then
+    res.phases.setup = sbx.json.array {}
+    for i, cmd in ipairs(setup) do
+      local p, ok = run_command(sbx, box, task, cmd)
+      res.phases.setup[i] = p
+      if not ok then
+        res.reason = string.format("setup command %d %s", i,
+          p.timed_out and "timed out" or ("exited " .. tostring(p.exit_code)))
+        return false
+      end
+    end
+  end
+  if task.run ~= nil then
+    local p, ok = run_command(sbx, box, task, task.run)
+    res.phases.run = p
+    if p.timed_out then res.reason = "run timed out"; return false end
+    if task.check == nil then
+      if not ok then res.reason = "run exited " .. tostring(p.exit_code) end
+      return ok
+    end
+  end
+  local p, ok = run_command(sbx, box, task, task.check, true)
+  res.phases.check = p
+  if not ok then
+    res.reason = p.timed_out and "check timed out"
+      or p.exit_code ~= nil and ("check exited " .. tostring(p.exit_code)) or "check returned false"
+  end
+  return ok
+end
+
+local function is_interrupt(e)
+  return type(e) == "string" and (e:match("^interrupted") or e:match("^cancelled")) ~= nil
+end
+
+-- Runs one task: always returns a result (nil + "interrupted" when a signal
+-- stopped it before it finished). The box is always closed.
+local function run_task(sbx, opts, task, t_run0)
+  local res = ordered({
+    id = task.id,
+    started_at = os.date("!%Y-%m-%dT%H:%M:%SZ"),
+    start_offset = sbx.now() - t_run0,
+    phases = ordered({}, { "setup", "run", "check" }),
+  }, RESULT_KEYS)
+  local t0 = sbx.now()
+  local box
+  local ok, verdict = pcall(function()
+    local b, err, code = sbx.box(box_options(opts, task))
+    if not b then infra(err, code) end
+    box = b
+    return task_body(sbx, b, task, res)
+  end)
+  if box then
+    -- The verdict stands, but a box that would not go away is worth saying.
+    local cok, cres, cmsg = pcall(box.close, box)
+    if not cok or not cres then
+      warn(string.format("task '%s': closing its box: %s", tostring(task.id), tostring(cok and cmsg or cres)))
+    end
+  end
+  res.duration = sbx.now() - t0
+  if ok then
+    res.passed = verdict and true or false
+    res.status = res.passed and "passed" or "failed"
+    if res.passed then res.reason = nil end
+    return res
+  end
+  local e = verdict
+  if type(e) == "table" and e.harness_error then
+    res.error, res.code = e.message, e.code
+  else
+    if is_interrupt(e) then return nil, "interrupted" end
+    res.error = tostring(e)
+  end
+  res.status, res.passed, res.reason = "error", false, nil
+  return res
+end
+
+-- Statistics and output ---------------------------------------------------------
+
+local function percentile(sorted, q)
+  if #sorted == 0 then return nil end
+  local i = math.max(1, math.min(#sorted, math.ceil(q * #sorted)))
+  return sorted[i]
+end
+
+local function fmt_time(s)
+  if not s then return "-" end
+  if s < 60 then return string.format("%.2fs", s) end
+  return string.format("%d:%02d", math.floor(s / 60), math.floor(s % 60))
+end
+
+-- harness.format_summary(summary) -> text: counts, rates, times, the slowest.
+function M.format_summary(s)
+  local lines = {}
+  local function add(...) lines[#lines + 1] = string.format(...) end
+  add("%-12s %d", "tasks", s.total)
+  if s.skipped > 0 then add("%-12s %d (already in %s)", "skipped", s.skipped, tostring(s.out)) end
+  add("%-12s %d", "passed", s.passed)
+  add("%-12s %d", "failed", s.failed)
+  add("%-12s %d", "error", s.errors)
+  if s.not_run > 0 then add("%-12s %d", "not run", s.not_run) end
+  add("%-12s %s", "pass rate", s.pass_rate and string.format("%.1f%% (%d/%d)", 100 * s.pass_rate, s.passed, s.ran) or "-")
+  if s.skipped > 0 and s.overall then
+    add("%-12s %d passed, %d failed, %d error (with earlier results)", "overall",
+      s.overall.passed, s.overall.failed, s.overall.errors)
+  end
+  add("%-12s %s", "wall time", fmt_time(s.wall_time))
+  add("%-12s median %s, p90 %s", "task time", fmt_time(s.median), fmt_time(s.p90))
+  if #s.slowest > 0 then
+    add("slowest:")
+    for _, r in ipairs(s.slowest) do
+      add("  %-30s %-7s %s", tostring(r.id), r.status, fmt_time(r.duration))
+    end
+  end
+  if s.interrupted then add("interrupted: %d task(s) did not finish; run again with the same --out to resume", s.not_run) end
+  return table.concat(lines, "\n") .. "\n"
+end
+
+local function detect_progress(mode)
+  if mode == nil or mode == "auto" then
+    local p = io.popen("test -t 2 && echo tty")
+    local out = p and p:read("a") or ""
+    if p then p:close() end
+    return out:match("tty") and "tty" or "plain"
+  end
+  if mode ~= "tty" and mode ~= "plain" and mode ~= "none" then
+    error("progress must be \"auto\", \"tty\", \"plain\" or \"none\"", 3)
+  end
+  return mode
+end
+
+-- harness.run(opts) -> summary. See the top of this file.
+function M.run(opts)
+  local sbx = lib()
+  local json, core = sbx.json, sbx.core
+  if type(opts) ~= "table" or type(opts.tasks) ~= "table" then
+    error("harness.run expects { tasks = list, ... }", 2)
+  end
+  local concurrency = opts.concurrency or 4
+  if math.type(concurrency) ~= "integer" or concurrency < 1 then
+    error("concurrency must be a positive integer", 2)
+  end
+  local progress = detect_progress(opts.progress)
+  local err_out = opts.progress_stream or io.stderr
+  local seen, tasks = {}, {}
+  for i, t in ipairs(opts.tasks) do tasks[i] = validate(t, i, seen, json) end
+
+  -- Resume.
+  local done_before, previous, pending = {}, {}, {}
+  local out_file
+  if opts.out then
+    local by_id, list, partial = read_results(opts.out, json)
+    previous = list
+    done_before = by_id
+    out_file = assert(io.open(opts.out, "ab"))
+    if partial then out_file:write("\n") end
+  end
+  local skipped = 0
+  for _, t in ipairs(tasks) do
+    local prev = done_before[tostring(t.id)]
+    if prev and (prev.status == "passed" or prev.status == "failed") then
+      skipped = skipped + 1
+    else
+      pending[#pending + 1] = t
+    end
+  end
+
+  local t_run0 = sbx.now()
+  local signals0 = core.signals()
+  local results = {}
+  local counts = { passed = 0, failed = 0, error = 0 }
+  local state = { stopping = false, running = 0, unfinished = 0 }
+  local total = #pending
+  local line_width = 0
+
+  local function show_progress(r)
+    local done = #results
+    if progress == "plain" then
+      err_out:write(string.format("[%d/%d] %s %s %s\n", done, total, tostring(r.id), r.status, fmt_time(r.duration)))
+    elseif progress == "tty" then
+      local elapsed = sbx.now() - t_run0
+      local rate = done / math.max(elapsed, 1e-3)
+      local eta = rate > 0 and (total - done) / rate or nil
+      local line = string.format("[%d/%d] %d passed, %d failed, %d error  %.0f%% pass  %.2f tasks/s  ETA %s",
+        done, total, counts.passed, counts.failed, counts.error,
+        done > 0 and 100 * counts.passed / done or 0, rate, eta and fmt_time(eta) or "-")
+      line_width = math.max(line_width, #line)
+      err_out:write("\r", line, "\27[K")
+    end
+    err_out:flush()
+  end
+
+  local function record(r)
+    results[#results + 1] = r
+    counts[r.status] = counts[r.status] + 1
+    if out_file then
+      local ok, line = pcall(json.encode, r)
+      if not ok then
+        -- A value JSON cannot hold (a function's return value): keep the verdict.
+        r.phases = nil
+        line = json.encode(r)
+      end
+      out_file:write(line, "\n")
+      out_file:flush()
+    end
+    show_progress(r)
+    if opts.on_result then
+      local ok, e = pcall(opts.on_result, r)
+      if not ok then warn("on_result: ", tostring(e)) end
+    end
+  end
+
+  local sem = sbx.semaphore(concurrency)
+  local spawned = {}
+  local function interrupted_now() return core.signals() > signals0 end
+
+  local function worker(task)
+    state.running = state.running + 1
+    local ok, r, why = pcall(run_task, sbx, opts, task, t_run0)
+    state.running = state.running - 1
+    sem:release()
+    if not ok then
+      -- run_task itself failed (a bug or a signal in its bookkeeping).
+      if is_interrupt(r) then state.stopping = true; state.unfinished = state.unfinished + 1; return end
+      r = ordered({ id = task.id, status = "error", passed = false, error = tostring(r),
+        phases = ordered({}, {}) }, RESULT_KEYS)
+    elseif r == nil then
+      state.stopping = true
+      state.unfinished = state.unfinished + 1
+      return why
+    end
+    if interrupted_now() and r.status == "error" and is_interrupt(r.error) then
+      state.stopping = true
+      state.unfinished = state.unfinished + 1
+      return
+    end
+    record(r)
+  end
+
+  if progress == "tty" and total > 0 then show_progress({}) end
+  for _, task in ipairs(pending) do
+    if state.stopping or interrupted_now() then state.stopping = true; break end
+    local ok, e = pcall(sem.acquire, sem)
+    if not ok then
+      if not is_interrupt(e) then error(e, 0) end
+      state.stopping = true
+      break
+    end
+    if state.stopping or interrupted_now() then sem:release(); state.stopping = true; break end
+    spawned[#spawned + 1] = sbx.spawn(worker, task)
+  end
+  -- Wait for every started task; a signal while waiting only stops new starts.
+  for _, t in ipairs(spawned) do
+    while true do
+      local ok, e = pcall(t.join, t)
+      if ok then break end
+      if not is_interrupt(e) then error(e, 0) end
+      state.stopping = true
+    end
+    local rok, rerr = t:result()
+    if rok == false then warn("a task failed: ", tostring(rerr)) end
+  end
+  if out_file then out_file:close() end
+  if progress == "tty" and total > 0 then err_out:write("\n") end
+
+  local durations, by_time = {}, {}
+  for i, r in ipairs(results) do
+    durations[i] = r.duration or 0
+    by_time[i] = r
+  end
+  table.sort(durations)
+  table.sort(by_time, function(a, b) return (a.duration or 0) > (b.duration or 0) end)
+  local slowest = {}
+  for i = 1, math.min(5, #by_time) do slowest[i] = by_time[i] end
+  local ran = #results
+  local summary = {
+    total = #tasks,
+    pending = total,
+    ran = ran,
+    skipped = skipped,
+    passed = counts.passed,
+    failed = counts.failed,
+    errors = counts.error,
+    not_run = total - ran,
+    interrupted = state.stopping or interrupted_now(),
+    pass_rate = ran > 0 and counts.passed / ran or nil,
+    wall_time = sbx.now() - t_run0,
+    median = percentile(durations, 0.5),
+    p90 = percentile(durations, 0.9),
+    slowest = slowest,
+    results = results,
+    previous = previous,
+    out = opts.out,
+  }
+  -- Every result for the task list: this run's, then earlier ones not rerun.
+  local all, have = {}, {}
+  for _, r in ipairs(results) do all[#all + 1] = r; have[tostring(r.id)] = true end
+  local overall = { passed = 0, failed = 0, errors = 0 }
+  for _, t in ipairs(tasks) do
+    local id = tostring(t.id)
+    local prev = done_before[id]
+    if not have[id] and prev then all[#all + 1] = prev; have[id] = true end
+  end
+  for _, r in ipairs(all) do
+    if r.status == "passed" then overall.passed = overall.passed + 1
+    elseif r.status == "failed" then overall.failed = overall.failed + 1
+    else overall.errors = overall.errors + 1 end
+  end
+  summary.all, summary.overall = all, overall
+  if progress ~= "none" then
+    local so = opts.summary_stream or err_out
+    so:write(M.format_summary(summary))
+    so:flush()
+  end
+  return summary
+end
+
+-- HTML report -------------------------------------------------------------------
+
+local function esc(s)
+  return (tostring(s):gsub("[&<>\"']", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;", ["'"] = "&#39;" }))
+end
+M.escape_html = esc
+
+local function histogram_svg(durations)
+  local W, H, pad = 600, 200, 30
+  local parts = { string.format('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="task durations">', W, H + pad, W, H + pad) }
+  if #durations == 0 then
+    parts[#parts + 1] = '<text x="10" y="20">no tasks</text></svg>'
+    return table.concat(parts)
+  end
+  local lo, hi = math.huge, -math.huge
+  for _, d in ipairs(durations) do lo = math.min(lo, d); hi = math.max(hi, d) end
+  local nbins = math.max(1, math.min(20, #durations))
+  local width = (hi - lo) / nbins
+  if width <= 0 then width = 1; nbins = 1 end
+  local bins = {}
+  for i = 1, nbins do bins[i] = 0 end
+  for _, d in ipairs(durations) do
+    local i = math.min(nbins, math.floor((d - lo) / width) + 1)
+    bins[i] = bins[i] + 1
+  end
+  local maxc = 0
+  for _, c in ipairs(bins) do maxc = math.max(maxc, c) end
+  local bw = (W - 2 * pad) / nbins
+  for i, c in ipairs(bins) do
+    local h = maxc > 0 and (H - 20) * c / maxc or 0
+    parts[#parts + 1] = string.format('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#4a7"><title>%.2fs-%.2fs: %d</title></rect>',
+      pad + (i - 1) * bw + 1, H - h, math.max(bw - 2, 1), h, lo + (i - 1) * width, lo + i * width, c)
+  end
+  parts[#parts + 1] = string.format('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>', pad, H, W - pad, H)
+  parts[#parts + 1] = string.format('<text x="%d" y="%d" font-size="12">%.2fs</text>', pad, H + 16, lo)
+  parts[#parts + 1] = string.format('<text x="%d" y="%d" font-size="12" text-anchor="end">%.2fs</text>', W - pad, H + 16, lo + nbins * width)
+  parts[#parts + 1] = string.format('<text x="%d" y="12" font-size="12">max %d task(s) per bin</text>', pad, maxc)
+  parts[#parts + 1] = "</svg>"
+  return table.concat(parts)
+end
+
+local function phase_code(p)
+  if type(p) ~= "table" then return "" end
+  if p.timed_out then return "timeout" end
+  if p.exit_code ~= nil then return tostring(p.exit_code) end
+  if p.value ~= nil then return tostring(p.value) end
+  return ""
+end
+
+-- harness.report_html(results, { title = }) -> a self-contained HTML page.
+function M.report_html(results, opts)
+  opts = opts or {}
+  local json = lib().json
+  local h = {}
+  local function add(s) h[#h + 1] = s end
+  local counts = { passed = 0, failed = 0, error = 0 }
+  local durations = {}
+  for _, r in ipairs(results) do
+    counts[r.status] = (counts[r.status] or 0) + 1
+    if type(r.duration) == "number" then durations[#durations + 1] = r.duration end
+  end
+  add("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" .. esc(opts.title or "sbx eval") .. "</title>\n")
+  add([[<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
+.passed{background:#dfd}.failed{background:#fdd}.error{background:#fe9}pre{max-height:20em;overflow:auto;margin:0;white-space:pre-wrap}</style></head><body>
+]])
+  add("<h1>" .. esc(opts.title or "sbx eval") .. "</h1>\n")
+  add(string.format("<p>%d task(s): %d passed, %d failed, %d error</p>\n", #results, counts.passed, counts.failed, counts.error))
+  add("<h2>Task durations</h2>\n" .. histogram_svg(durations) .. "\n")
+  add("<h2>Tasks</h2>\n<table><tr><th>id</th><th>status</th><th>duration</th><th>setup</th><th>run</th><th>check</th><th>details</th></tr>\n")
+  for _, r in ipairs(results) do
+    local ph = type(r.phases) == "table" and r.phases or {}
+    local setup = {}
+    if type(ph.setup) == "table" then
+      for _, p in ipairs(ph.setup) do setup[#setup + 1] = phase_code(p) end
+    end
+    local detail = {}
+    if r.reason and r.reason ~= json.null then detail[#detail + 1] = esc(r.reason) end
+    if r.error and r.error ~= json.null then detail[#detail + 1] = "<pre>" .. esc(r.error) .. "</pre>" end
+    for _, name in ipairs { "run", "check" } do
+      local p = ph[name]
+      if type(p) == "table" and type(p.output) == "string" and p.output ~= "" then
+        detail[#detail + 1] = "<details><summary>" .. name .. " output</summary><pre>" .. esc(p.output) .. "</pre></details>"
+      end
+    end
+    add(string.format("<tr class=\"%s\"><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
+      esc(r.status), esc(r.id), esc(r.status), type(r.duration) == "number" and string.format("%.2fs", r.duration) or "",
+      esc(table.concat(setup, " ")), esc(phase_code(ph.run)), esc(phase_code(ph.check)), table.concat(detail, "\n")))
+  end
+  add("</table>\n</body></html>\n")
+  return table.concat(h)
+end
+
+function M.write_report(path, results, opts)
+  local f, err = io.open(path, "wb")
+  if not f then return nil, err end
+  f:write(M.report_html(results, opts))
+  f:close()
+  return true
+end
+
+return M
