@@ -5,6 +5,11 @@
 ** core.http.request{...} -> response table | nil, message, code. May yield.
 ** A request marked detached has no waiter: it runs to completion on its own
 ** (used by finalizers that must not block), and the driver waits for it.
+**
+** A request marked stream returns when the response head arrives; its body
+** is read from a body_stream userdata that owns the transfer. Queued unread
+** bytes are capped: past the cap the write callback pauses the transfer, and
+** the reader resumes it (curl_easy_pause, never from a curl callback).
 */
 #include "host.h"
 
@@ -12,10 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define BODY_MT "sbx.http.body"
+
+struct http_req;
+
 struct sbx_http {
   struct sbx_host *host;
   CURLM *multi;
   uv_timer_t timer;
+  struct http_req *streams;    /* live streamed transfers, for shutdown */
 };
 
 struct poll_ctx {
@@ -37,6 +47,19 @@ struct http_req {
   char errbuf[CURL_ERROR_SIZE];
   struct http_wait *wait;      /* NULL when detached or abandoned */
   int done;
+  /* Streamed responses: owned by a body_stream userdata from the start. */
+  int stream;
+  int head_done;               /* the final response head arrived */
+  int paused;                  /* the write callback paused the transfer */
+  size_t body_off;             /* read offset into body */
+  struct sbx_waiter *reader;   /* the one waiting :read(), or NULL */
+  struct http_req *prev, *next;
+  double idle, last_rx;        /* idle_timeout (s) and the last byte's time */
+  int idle_fired;
+};
+
+struct body_ud {
+  struct http_req *r;          /* NULL once closed */
 };
 
 struct http_wait {
@@ -44,13 +67,37 @@ struct http_wait {
   struct http_req *req;
 };
 
+/* Detaches and frees the easy handle; the transfer stops. */
+static void
+req_stop(struct http_req *r)
+{
+  if (r->easy) {
+    if (r->http)
+      curl_multi_remove_handle(r->http->multi, r->easy);
+    curl_easy_cleanup(r->easy);
+    r->easy = NULL;
+  }
+}
+
+static void
+stream_unlink(struct http_req *r)
+{
+  if (!r->stream || !r->http)
+    return;
+  if (r->prev)
+    r->prev->next = r->next;
+  else if (r->http->streams == r)
+    r->http->streams = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+}
+
 static void
 req_free(struct http_req *r)
 {
-  if (r->easy) {
-    curl_multi_remove_handle(r->http->multi, r->easy);
-    curl_easy_cleanup(r->easy);
-  }
+  req_stop(r);
+  stream_unlink(r);
   curl_slist_free_all(r->headers);
   free(r->body_in);
   free(r->body);
@@ -74,9 +121,11 @@ check_done(struct sbx_http *http)
     curl_easy_cleanup(r->easy);
     r->easy = NULL;
     r->done = 1;
+    if (r->reader)
+      sbx_wake(r->reader); /* detach clears r->reader */
     if (r->wait)
       sbx_wake(&r->wait->w);
-    else {
+    else if (!r->stream) {
       http->host->detached--;
       req_free(r);
     }
@@ -193,9 +242,25 @@ void
 sbx_http_shutdown(struct sbx_host *h)
 {
   struct sbx_http *http = h->http;
+  struct http_req *r, *next;
   if (!http)
     return;
   h->http = NULL;
+  /* Streamed bodies may outlive the host: stop them, keep their memory. */
+  for (r = http->streams; r; r = next) {
+    next = r->next;
+    req_stop(r);
+    r->prev = r->next = NULL;
+    r->http = NULL;
+    if (!r->done) {
+      r->done = 1;
+      r->result = CURLE_ABORTED_BY_CALLBACK;
+      snprintf(r->errbuf, sizeof r->errbuf, "the HTTP client was shut down");
+    }
+    if (r->reader)
+      sbx_wake(r->reader);
+  }
+  http->streams = NULL;
   curl_multi_cleanup(http->multi);
   uv_timer_stop(&http->timer);
   uv_close((uv_handle_t *)&http->timer, http_free_cb);
@@ -223,6 +288,7 @@ write_cb(char *p, size_t size, size_t n, void *ud)
 {
   struct http_req *r = ud;
   size_t len = size * n, take = len;
+  r->last_rx = sbx_now();
   if (r->body_len + take > r->body_max) {
     take = r->body_max - r->body_len;
     r->truncated = 1;
@@ -239,8 +305,23 @@ header_cb(char *p, size_t size, size_t n, void *ud)
 {
   struct http_req *r = ud;
   size_t len = size * n;
+  r->last_rx = sbx_now();
+  if (r->stream && r->head_done)
+    return len; /* trailers */
   if (len >= 5 && memcmp(p, "HTTP/", 5) == 0)
     r->hdrs_len = 0; /* a new response (after 100-continue or a redirect) */
+  if (r->stream && (len == 0 || p[0] == '\r' || p[0] == '\n')) {
+    long code = 0;
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+    if (code >= 200 || code == 0) {
+      /* The final head: the requester may go on (it runs after this pass). */
+      r->head_done = 1;
+      r->status = code;
+      if (r->wait)
+        sbx_wake(&r->wait->w);
+    }
+    return len;
+  }
   if (r->hdrs_len + len < 65536 && grow(&r->hdrs, &r->hdrs_cap, r->hdrs_len + len) == 0) {
     memcpy(r->hdrs + r->hdrs_len, p, len);
     r->hdrs_len += len;
@@ -248,13 +329,68 @@ header_cb(char *p, size_t size, size_t n, void *ud)
   return len;
 }
 
+/*
+** Streamed bodies: queue the bytes; past max (body_max) pause the transfer.
+** curl keeps a paused chunk and delivers it again after CURLPAUSE_CONT.
+*/
+static size_t
+stream_write_cb(char *p, size_t size, size_t n, void *ud)
+{
+  struct http_req *r = ud;
+  size_t len = size * n, queued = r->body_len - r->body_off;
+  if (queued > 0 && queued + len > r->body_max) {
+    r->paused = 1;
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  if (r->body_off > 0 && r->body_off == r->body_len)
+    r->body_off = r->body_len = 0;
+  if (grow(&r->body, &r->body_cap, r->body_len + len) != 0) {
+    snprintf(r->errbuf, sizeof r->errbuf, "out of memory queueing the body");
+    return 0; /* curl fails the transfer with CURLE_WRITE_ERROR */
+  }
+  memcpy(r->body + r->body_len, p, len);
+  r->body_len += len;
+  r->last_rx = sbx_now();
+  if (r->reader)
+    sbx_wake(r->reader);
+  return len;
+}
+
+/*
+** The idle timeout: no byte for r->idle seconds while not paused by us.
+** curl calls this at least once a second (the speed check's tick).
+*/
+static int
+xferinfo_cb(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
+{
+  struct http_req *r = ud;
+  (void)dltotal;
+  (void)dlnow;
+  (void)ultotal;
+  (void)ulnow;
+  if (r->paused) {
+    r->last_rx = sbx_now(); /* our reader is slow, not the server */
+    return 0;
+  }
+  if (r->idle > 0 && sbx_now() - r->last_rx > r->idle) {
+    r->idle_fired = 1;
+    return 1; /* CURLE_ABORTED_BY_CALLBACK */
+  }
+  return 0;
+}
+
 static void
 http_cancel(struct sbx_waiter *w)
 {
   struct http_wait *hw = (struct http_wait *)w;
-  if (hw->req) {
-    req_free(hw->req);
+  struct http_req *r = hw->req;
+  if (r) {
     hw->req = NULL;
+    r->wait = NULL;
+    if (r->stream)
+      req_stop(r); /* the body userdata still owns it */
+    else
+      req_free(r);
   }
 }
 
@@ -267,7 +403,9 @@ curl_code_name(CURLcode c)
   case CURLE_OPERATION_TIMEDOUT: return "timeout";
   case CURLE_SEND_ERROR:
   case CURLE_RECV_ERROR:
-  case CURLE_GOT_NOTHING: return "closed";
+  case CURLE_GOT_NOTHING:
+  case CURLE_PARTIAL_FILE: return "closed";
+  case CURLE_ABORTED_BY_CALLBACK: return "aborted";
   case CURLE_SSL_CONNECT_ERROR:
   case CURLE_PEER_FAILED_VERIFICATION: return "tls";
   default: return "http";
@@ -306,6 +444,193 @@ push_headers(lua_State *L, const char *p, size_t n)
   }
 }
 
+/* ---------------------------------------------------------------- body */
+
+static struct http_req *
+check_body(lua_State *L)
+{
+  struct body_ud *ud = luaL_checkudata(L, 1, BODY_MT);
+  if (!ud->r)
+    luaL_error(L, "attempt to use a closed body stream");
+  return ud->r;
+}
+
+/* Stops the transfer and frees it; the userdata reads as closed after. */
+static void
+body_close(struct body_ud *ud)
+{
+  struct http_req *r = ud->r;
+  if (!r)
+    return;
+  ud->r = NULL;
+  if (r->wait) {
+    r->wait->req = NULL;
+    r->wait = NULL;
+  }
+  if (r->reader)
+    sbx_wake(r->reader); /* another task's read ends with "closed" */
+  req_free(r);
+}
+
+/* Pushes nil, message, code for a failed transfer; returns 3. */
+static int
+push_curl_fail(lua_State *L, struct http_req *r)
+{
+  if (r->idle_fired)
+    return sbx_pushfail(L, "timeout", "no bytes received for %f s (idle_timeout)", r->idle);
+  return sbx_pushfail(L, curl_code_name(r->result), "%s",
+                      r->errbuf[0] ? r->errbuf : curl_easy_strerror(r->result));
+}
+
+/*
+** The next queued bytes, or "eof", or the failure: pushes the results of
+** :read() and returns their count, or returns 0 when nothing is ready yet.
+** Taking the queue resumes a paused transfer (outside curl callbacks).
+*/
+static int
+body_take(lua_State *L, struct http_req *r)
+{
+  if (r->body_len > r->body_off) {
+    lua_pushlstring(L, r->body + r->body_off, r->body_len - r->body_off);
+    r->body_off = r->body_len = 0;
+    if (r->paused && r->easy) {
+      r->paused = 0;
+      r->last_rx = sbx_now(); /* idle time restarts with the transfer */
+      curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may queue bytes at once */
+    }
+    return 1;
+  }
+  if (r->done) {
+    if (r->result == CURLE_OK) {
+      lua_pushnil(L);
+      lua_pushliteral(L, "eof");
+      return 2;
+    }
+    return push_curl_fail(L, r);
+  }
+  return 0;
+}
+
+static void
+reader_detach(struct sbx_waiter *w)
+{
+  struct http_req *r = w->source;
+  if (r && r->reader == w)
+    r->reader = NULL;
+  w->source = NULL;
+}
+
+static int
+body_read_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct sbx_waiter *w = lua_touserdata(L, -1);
+  struct body_ud *ud = luaL_checkudata(L, 1, BODY_MT);
+  int n;
+  (void)status;
+  (void)ctx;
+  if (w->cancelled)
+    return sbx_raise_cancelled(L);
+  if (!ud->r)
+    return sbx_pushfail(L, "closed", "the body stream was closed");
+  if ((n = body_take(L, ud->r)) > 0)
+    return n;
+  return sbx_pushfail(L, "timeout", "no body bytes within the timeout");
+}
+
+/*
+** body:read([timeout]) -> bytes | nil, "eof" | nil, message, code. Returns
+** every queued byte (at most about max_buffer). One reader at a time.
+** May yield; raises when closed or when another reader is waiting.
+*/
+static int
+body_read(lua_State *L)
+{
+  struct http_req *r = check_body(L);
+  double timeout = luaL_optnumber(L, 2, -1);
+  struct sbx_waiter *w;
+  int n;
+  lua_settop(L, 1);
+  if ((n = body_take(L, r)) > 0)
+    return n;
+  if (r->reader)
+    return luaL_error(L, "another task is already reading this body stream");
+  w = sbx_op_new(L, sizeof *w, NULL);                      /* [ud, op] */
+  w->source = r;
+  w->detach = reader_detach;
+  r->reader = w;
+  sbx_waiter_deadline(w, timeout);
+  return sbx_await(L, w, body_read_k, 0);
+}
+
+/* body:close(): aborts the transfer. Idempotent; also __gc and __close. */
+static int
+body_gc(lua_State *L)
+{
+  body_close(luaL_checkudata(L, 1, BODY_MT));
+  return 0;
+}
+
+static int
+body_tostring(lua_State *L)
+{
+  struct body_ud *ud = luaL_checkudata(L, 1, BODY_MT);
+  lua_pushfstring(L, "sbx.http.body (%s)",
+                  !ud->r ? "closed" : ud->r->done ? "ended" : ud->r->paused ? "paused" : "open");
+  return 1;
+}
+
+static const luaL_Reg body_methods[] = {
+  { "read", body_read },
+  { "close", body_gc },
+  { NULL, NULL }
+};
+
+static const luaL_Reg body_meta[] = {
+  { "__gc", body_gc },
+  { "__close", body_gc },
+  { "__tostring", body_tostring },
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
+/*
+** Resumes a streamed request: [opts, body_ud, op]. Before the head arrived
+** the transfer can only have failed; after it, the body userdata goes out
+** with the response and later failures surface from :read().
+*/
+static int
+stream_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct http_wait *hw = lua_touserdata(L, -1);
+  struct body_ud *ud = luaL_checkudata(L, 2, BODY_MT);
+  struct http_req *r = ud->r;
+  (void)status;
+  (void)ctx;
+  if (hw->w.cancelled)
+    return sbx_raise_cancelled(L);   /* the transfer was stopped; gc frees it */
+  hw->req = NULL;
+  r->wait = NULL;
+  if (!r->head_done) {
+    if (r->result == CURLE_OK) {
+      r->head_done = 1;              /* no head at all (not HTTP): body only */
+      r->status = 0;
+    }
+    else {
+      int n = push_curl_fail(L, r);
+      body_close(ud);
+      return n;
+    }
+  }
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, r->status);
+  lua_setfield(L, -2, "status");
+  push_headers(L, r->hdrs ? r->hdrs : "", r->hdrs_len);
+  lua_setfield(L, -2, "headers");
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "body_stream");
+  return 1;
+}
+
 static int
 request_k(lua_State *L, int status, lua_KContext ctx)
 {
@@ -317,12 +642,9 @@ request_k(lua_State *L, int status, lua_KContext ctx)
     return sbx_raise_cancelled(L);
   hw->req = NULL;
   if (r->result != CURLE_OK) {
-    const char *code = curl_code_name(r->result);
-    lua_pushnil(L);
-    lua_pushfstring(L, "%s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(r->result));
-    lua_pushstring(L, code);
+    int n = push_curl_fail(L, r);
     req_free(r);
-    return 3;
+    return n;
   }
   lua_createtable(L, 0, 4);
   lua_pushinteger(L, r->status);
@@ -339,8 +661,14 @@ request_k(lua_State *L, int status, lua_KContext ctx)
 
 /*
 ** core.http.request{ url=, method=, headers={"K: V", ...} or {K=V}, body=,
-**   unix_socket=, timeout= (s), connect_timeout= (s), max_body= (bytes),
-**   detached= } -> {status, body, headers, truncated} | nil, message, code
+**   unix_socket=, timeout= (s, whole transfer), connect_timeout= (s),
+**   low_speed_time= (s), low_speed_limit= (bytes/s, default 1),
+**   idle_timeout= (s without a byte, unless paused for the reader; checked
+**   about once a second), max_body= (bytes),
+**   detached=, stream=, max_buffer= (bytes, default 1 MiB) }
+**   -> {status, body, headers, truncated} | nil, message, code
+** With stream = true it returns at the response head with
+**   {status, headers, body_stream = userdata (:read, :close)}.
 ** May yield. Contract errors raise.
 */
 static int
@@ -352,11 +680,22 @@ http_request(lua_State *L)
   const char *url, *method, *sock;
   size_t body_len = 0;
   const char *body;
-  double timeout, ctimeout;
-  int detached;
+  double timeout, ctimeout, low_time, low_limit, idle;
+  int detached, stream;
+  struct body_ud *ud = NULL;
   luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
   if (!http)
     return luaL_error(L, "out of memory");
+  lua_getfield(L, 1, "stream");
+  stream = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (stream) {
+    /* Made first and closed: it owns the request from the allocation on. */
+    ud = lua_newuserdatauv(L, sizeof *ud, 0);               /* [opts, ud] */
+    ud->r = NULL;
+    luaL_setmetatable(L, BODY_MT);
+  }
   if (lua_getfield(L, 1, "url") != LUA_TSTRING)
     return luaL_error(L, "http.request needs a url string");
   url = lua_tostring(L, -1);
@@ -370,25 +709,46 @@ http_request(lua_State *L)
   timeout = luaL_optnumber(L, -1, 0);
   lua_getfield(L, 1, "connect_timeout");
   ctimeout = luaL_optnumber(L, -1, 10);
+  lua_getfield(L, 1, "low_speed_time");
+  low_time = luaL_optnumber(L, -1, 0);
+  lua_getfield(L, 1, "low_speed_limit");
+  low_limit = luaL_optnumber(L, -1, 1);
+  lua_getfield(L, 1, "idle_timeout");
+  idle = luaL_optnumber(L, -1, 0);
   lua_getfield(L, 1, "detached");
   detached = lua_toboolean(L, -1);
-
-  r = calloc(1, sizeof *r);
-  if (!r)
-    return luaL_error(L, "out of memory");
+  luaL_argcheck(L, !(stream && detached), 1, "a streamed request cannot be detached");
+  lua_getfield(L, 1, stream ? "max_buffer" : "max_body");
+  {
+    lua_Integer max = luaL_optinteger(L, -1, stream ? 1024 * 1024 : 64 * 1024 * 1024);
+    luaL_argcheck(L, max > 0, 1, "max_body and max_buffer must be positive");
+    r = calloc(1, sizeof *r);
+    if (!r)
+      return luaL_error(L, "out of memory");
+    r->body_max = (size_t)max;
+  }
   r->http = http;
-  lua_getfield(L, 1, "max_body");
-  r->body_max = (size_t)luaL_optinteger(L, -1, 64 * 1024 * 1024);
+  r->stream = stream;
+  r->idle = idle;
+  r->last_rx = sbx_now();
+  if (ud) {
+    ud->r = r;
+    r->next = http->streams;
+    if (r->next)
+      r->next->prev = r;
+    http->streams = r;
+  }
   r->easy = curl_easy_init();
   if (!r->easy) {
-    free(r);
+    if (!ud)
+      free(r);
     return luaL_error(L, "out of memory");
   }
   curl_easy_setopt(r->easy, CURLOPT_URL, url);
   curl_easy_setopt(r->easy, CURLOPT_CUSTOMREQUEST, method);
   curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
-  curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, write_cb);
+  curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, stream ? stream_write_cb : write_cb);
   curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, header_cb);
   curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
@@ -401,10 +761,26 @@ http_request(lua_State *L)
   if (timeout > 0)
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
   curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)(ctimeout * 1000));
+  if (low_time > 0) {
+    /* curl averages the speed over a few seconds; a paused transfer is exempt. */
+    curl_easy_setopt(r->easy, CURLOPT_LOW_SPEED_TIME, (long)(low_time + 0.999));
+    curl_easy_setopt(r->easy, CURLOPT_LOW_SPEED_LIMIT, (long)(low_limit > 1 ? low_limit : 1));
+  }
+  if (idle > 0) {
+    curl_easy_setopt(r->easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
+    curl_easy_setopt(r->easy, CURLOPT_XFERINFODATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_NOPROGRESS, 0L);
+    if (low_time <= 0) {
+      /* A speed limit makes curl tick every second, even when idle. */
+      curl_easy_setopt(r->easy, CURLOPT_LOW_SPEED_LIMIT, 1L);
+      curl_easy_setopt(r->easy, CURLOPT_LOW_SPEED_TIME, 86400L);
+    }
+  }
   if (body) {
     r->body_in = malloc(body_len ? body_len : 1);
     if (!r->body_in) {
-      req_free(r);
+      if (!ud)
+        req_free(r);
       return luaL_error(L, "out of memory");
     }
     memcpy(r->body_in, body, body_len);
@@ -426,7 +802,14 @@ http_request(lua_State *L)
   }
   lua_pop(L, 1);
   curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
-  lua_settop(L, 1);
+  lua_settop(L, ud ? 2 : 1);
+  if (ud) {
+    struct http_wait *hw = (struct http_wait *)sbx_op_new(L, sizeof *hw, http_cancel);
+    hw->req = r;                                         /* [opts, ud, op] */
+    r->wait = hw;
+    curl_multi_add_handle(http->multi, r->easy);
+    return sbx_await(L, &hw->w, stream_k, 0);
+  }
   if (detached) {
     h->detached++;
     curl_multi_add_handle(http->multi, r->easy);
@@ -470,6 +853,12 @@ sbx_open_http(lua_State *L)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     inited = 1;
   }
+  luaL_newmetatable(L, BODY_MT);
+  luaL_setfuncs(L, body_meta, 0);
+  luaL_newlibtable(L, body_methods);
+  luaL_setfuncs(L, body_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   luaL_newlib(L, http_funcs);
   return 1;
 }
