@@ -38,7 +38,7 @@ packages=(
     # image building
     busybox-static debootstrap
     # tests
-    valgrind procps psmisc curl socat
+    valgrind procps psmisc curl socat python3 python3-boto3 python3-botocore
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
 # Word splitting is the point: the variable is a space separated list.

@@ -58,6 +58,8 @@ if command -v node >/dev/null && [ -d tests/sdk/node_modules ]; then
   run_one sdk_types tests/sdk/types_test.sh
   run_one mcp_test node tests/sdk/mcp_test.mjs
 fi
+# The AWS stand-in, driven by the official Python client (botocore).
+run_one standin_botocore /usr/bin/python3 tests/standin_botocore_test.py
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
