@@ -135,6 +135,19 @@ local b = assert(sbx.box { image = "]] .. H.busybox .. [[" })
 local f = io.open(os.getenv("SBX_IDFILE"), "w"); f:write(b.id, "\n"); f:close()
 error("the script fails")
 ]]
+local exiting = [[
+local sbx = require "sbx"
+local b = assert(sbx.box { image = "]] .. H.busybox .. [[" })
+local f = io.open(os.getenv("SBX_IDFILE"), "w"); f:write(b.id, "\n"); f:close()
+os.exit(3)
+]]
+local _, ecid = child(exiting)
+for _ = 1, 50 do
+  if not H.container(ecid) then break end
+  sbx.sleep(0.1)
+end
+tap.is(ecid and H.container(ecid), nil, "os.exit in a script still removes its box")
+
 local _, cid = child(normal)
 for _ = 1, 50 do
   if not H.container(cid) then break end

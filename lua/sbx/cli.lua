@@ -46,6 +46,12 @@ function commands.run(args)
   local chunk, lerr = loadfile(script, "t")
   if not chunk then err(lerr) return 1 end
   _G.arg = { [0] = script, table.unpack(args) }
+  -- os.exit skips every cleanup: boxes are removed before it leaves.
+  local exit = os.exit
+  os.exit = function(...)
+    pcall(sbx.shutdown)
+    return exit(...)
+  end
   local ok, e = xpcall(chunk, debug.traceback, table.unpack(args))
   if ok then
     ok = sbx.drain()
