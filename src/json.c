@@ -233,12 +233,20 @@ to_json(lua_State *L, int idx, int depth, const char **err)
       double d = lua_tonumber(L, idx);
       if (isnan(d) || isinf(d))
         return cJSON_CreateNull();
+      char buf[40];
+      int prec;
       if (d == floor(d) && fabs(d) < 1e15) {
-        char buf[32];
         snprintf(buf, sizeof buf, "%.1f", d);
         return cJSON_CreateRaw(buf);
       }
-      return cJSON_CreateNumber(d);
+      /* The shortest text that reads back as the same double (cJSON's own
+      ** printer accepts a nearby value and loses the last digits). */
+      for (prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d)
+          break;
+      }
+      return cJSON_CreateRaw(buf);
     }
   case LUA_TSTRING:
     return string_to_json(L, idx);

@@ -58,6 +58,8 @@ tap.checkerr("deadlock", function() sbx.event():wait() end)
 tap.is(json.encode({ b = 1, a = { 1, 2, json.null }, c = json.array(), d = json.object() }),
   '{"a":[1,2,null],"b":1,"c":[],"d":{}}', "encode: sorted keys, null, empty array and object")
 tap.is(json.encode("a\0\255"), '"a\u{FFFD}\u{FFFD}"', "invalid UTF-8 and NUL encode as U+FFFD")
+tap.is(json.decode(json.encode({ f = 0.1 + 0.2 })).f, 0.1 + 0.2, "floats round-trip exactly")
+tap.is(json.encode(0.5), "0.5", "and print short when they can")
 local v = json.decode('{"x":[1,2.5,"s",true,null],"y":{}}')
 tap.is(v.x[2] + v.x[1], 3.5, "decode numbers")
 tap.is(v.x[5], json.null, "decode null")
