@@ -13,6 +13,7 @@ local sbx, core
 
 local Box = {}
 Box.__index = Box
+M.Box = Box              -- sbx.trace wraps its methods while a trace records
 
 local open = {}          -- id -> { backend, handle }: what shutdown must remove
 M.open_boxes = open
@@ -44,11 +45,18 @@ M.random_id = random_id
 function M.new(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sbx.box expects a table of options", 2) end
+  -- sbx.trace hook: M.tracer is set while a trace records (nil otherwise).
+  local tr = M.tracer
+  if tr == nil and M.trace_autostart then tr = M.trace_autostart() end
+  local t0 = tr and tr.begin()
   local spec = sbx.merge_policy({}, sbx.policy.box)
   for k, v in pairs(opts) do spec[k] = v end
   local backend = backend_module(spec.backend)
   local handle, err, code = backend.create(spec, sbx.policy)
-  if not handle then return nil, err, code end
+  if not handle then
+    if tr then tr.created(t0, spec, nil, err, code) end
+    return nil, err, code
+  end
   local self = setmetatable({
     id = handle.id,
     backend_name = spec.backend,
@@ -61,6 +69,9 @@ function M.new(opts)
     closed = false,
   }, Box)
   open[self.id] = { backend = backend, handle = handle }
+  -- A backend may answer at the method level (sbx.backends.replay does).
+  if backend.bind then backend.bind(self, spec) end
+  if tr then tr.created(t0, spec, self) end
   return self
 end
 

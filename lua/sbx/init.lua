@@ -171,4 +171,5 @@ sbx.tools.init(sbx)
 
 sbx.harness = require "sbx.harness"
 sbx.httpc = require "sbx.httpc"
+sbx.trace = require "sbx.trace"
 return sbx

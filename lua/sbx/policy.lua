@@ -79,6 +79,16 @@ policy.files = {
   make_parents = true,
 }
 
+-- Call traces (sbx.trace): every box call as one JSON line.
+policy.trace = {
+  path = nil,                   -- a file: record from the first sbx.box{} on (also SBX_TRACE=path)
+  -- Env names matching any of these Lua patterns (compared upper-cased)
+  -- have their values recorded as "[redacted]".
+  redact = { "KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH" },
+  secrets = {},                 -- literal strings replaced by "[redacted]" anywhere in a record
+  record_stdin = false,         -- record exec stdin and write_file data (else only their size)
+}
+
 -- Process names: p1, p2, ...
 function policy.process_name(box, n)
   return "p" .. n

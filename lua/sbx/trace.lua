@@ -1,0 +1,362 @@
+-- Call traces: every sandbox call of every box as JSON Lines, one object per
+-- line, flushed per line:
+--   { seq, t, box, op, args = {...}, result = {...} | error = { message, code }, duration }
+-- seq numbers calls in the order they started (concurrent calls may end, and
+-- so be written, out of seq order); t is the start in seconds since the trace
+-- started; duration is the call's own.
+--
+-- How it hooks in: while a trace records, the Box methods (sbx.box's
+-- metatable, box.Box) are replaced by recording wrappers and box.tracer is
+-- set; sbx.trace.stop() puts the originals back. With no trace, nothing is
+-- wrapped: the only cost left is one nil check in sbx.box{} (box.tracer).
+-- A call made by another box method (write_file runs exec) is not recorded
+-- on its own: only the outermost call of each task is.
+--
+-- Started by sbx.trace.start(path, opts), or at the first sbx.box{} by the
+-- policy's trace.path or the SBX_TRACE environment variable.
+-- sbx.backends.replay answers box calls from such a file.
+local core = require "sbx.core"
+local json = core.json
+local boxmod = require "sbx.box"
+
+local M = {}
+
+local OPS = { "exec", "spawn", "output", "kill", "wait", "write_file", "read_file", "close", "processes" }
+M.ops = OPS
+
+local state              -- the recording trace, or nil
+local originals = {}     -- op -> the unwrapped Box method
+local depth = setmetatable({}, { __mode = "k" })   -- coroutine -> nesting of traced calls
+local autostart_done = false
+
+local function sbx() return package.loaded.sbx or package.loaded["sbx.init"] or require "sbx" end
+
+-- Values ---------------------------------------------------------------------------
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+local function base64(s)
+  local out = {}
+  for i = 1, #s, 3 do
+    local a, b, c = s:byte(i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    local q = {}
+    for k = 3, 0, -1 do
+      local v = (n >> (6 * k)) & 63
+      q[#q + 1] = B64:sub(v + 1, v + 1)
+    end
+    if not b then q[3], q[4] = "=", "=" elseif not c then q[4] = "=" end
+    out[#out + 1] = table.concat(q)
+  end
+  return table.concat(out)
+end
+
+local function unbase64(s)
+  local map = {}
+  for i = 1, 64 do map[B64:byte(i)] = i - 1 end
+  local out = {}
+  s = s:gsub("[^%w+/]", "")
+  for i = 1, #s, 4 do
+    local n, k = 0, 0
+    for j = i, i + 3 do
+      local v = map[s:byte(j) or 0]
+      if v then n = n * 64 + v; k = k + 1 else n = n * 64 end
+    end
+    local bytes = string.char((n >> 16) & 255, (n >> 8) & 255, n & 255)
+    out[#out + 1] = bytes:sub(1, k - 1)
+  end
+  return table.concat(out)
+end
+
+-- Bytes in a trace: a string when it is UTF-8, else { base64 = ... }.
+function M.bytes_out(s)
+  if s == nil or utf8.len(s) then return s end
+  return { base64 = base64(s) }
+end
+
+function M.bytes_in(v)
+  if type(v) == "table" and v.base64 then return unbase64(v.base64) end
+  return v
+end
+
+-- A decoded JSON value as plain Lua: no JSON marks, null becomes nil.
+function M.plain(v)
+  if v == json.null then return nil end
+  if type(v) ~= "table" then return v end
+  local c = {}
+  for k, x in pairs(v) do c[k] = M.plain(x) end
+  return c
+end
+
+local function copy(v)
+  if type(v) ~= "table" then return v end
+  local c = {}
+  for k, x in pairs(v) do c[k] = copy(x) end
+  return c
+end
+
+local function redact_env(env, patterns)
+  if type(env) ~= "table" then return env end
+  local out = {}
+  for k, v in pairs(env) do
+    local name = tostring(k):upper()
+    local secret = false
+    for _, p in ipairs(patterns) do
+      if name:find(p:upper()) then secret = true; break end
+    end
+    out[tostring(k)] = (secret and v ~= false) and "[redacted]" or v
+  end
+  return out
+end
+
+-- Replaces every literal secret in every string of v (in place for tables).
+local function scrub(v, secrets)
+  if #secrets == 0 then return v end
+  if type(v) == "string" then
+    for _, s in ipairs(secrets) do v = v:gsub(s:gsub("%p", "%%%0"), "[redacted]") end
+    return v
+  elseif type(v) == "table" then
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    for _, k in ipairs(keys) do v[k] = scrub(v[k], secrets) end
+  end
+  return v
+end
+
+-- What each op records -----------------------------------------------------------
+
+local function parts_of(r)
+  local p = {}
+  for _, n in ipairs({ "stdout", "stderr", "output" }) do
+    local x = r.parts[n]
+    p[n] = { head = x.head, tail = x.tail, omitted = x.omitted, bytes = x.bytes }
+  end
+  return p
+end
+
+local describe = {}
+
+function describe.exec(st, self, command, opts)
+  opts = type(opts) == "table" and opts or {}
+  local a = {
+    command = copy(command), env = redact_env(opts.env, st.redact), cwd = opts.cwd, user = opts.user,
+    timeout = opts.timeout, shell = opts.shell,
+    stdin_bytes = type(opts.stdin) == "string" and #opts.stdin or nil,
+  }
+  if st.record_stdin and type(opts.stdin) == "string" then a.stdin = M.bytes_out(opts.stdin) end
+  return a
+end
+
+function describe.spawn(st, self, command, opts)
+  opts = type(opts) == "table" and opts or {}
+  local a = { command = copy(command), name = opts.name, env = redact_env(opts.env, st.redact),
+    cwd = opts.cwd, user = opts.user, stdin_bytes = type(opts.stdin) == "string" and #opts.stdin or nil }
+  if st.record_stdin and type(opts.stdin) == "string" then a.stdin = M.bytes_out(opts.stdin) end
+  return a
+end
+
+function describe.output(st, self, name, opts)
+  opts = type(opts) == "table" and opts or {}
+  return { name = name, offset = opts.offset, max_bytes = opts.max_bytes }
+end
+function describe.kill(st, self, name, signal) return { name = name, signal = signal } end
+function describe.wait(st, self, name, timeout) return { name = name, timeout = timeout } end
+function describe.write_file(st, self, path, data, opts)
+  local a = { path = path, bytes = type(data) == "string" and #data or nil, timeout = type(opts) == "table" and opts.timeout or nil }
+  if st.record_stdin and type(data) == "string" then a.data = M.bytes_out(data) end
+  return a
+end
+function describe.read_file(st, self, path, opts)
+  opts = type(opts) == "table" and opts or {}
+  return { path = path, max_bytes = opts.max_bytes, timeout = opts.timeout }
+end
+function describe.close() return {} end
+function describe.processes() return {} end
+
+local outcome = {}
+
+function outcome.exec(r)
+  return {
+    exit_code = r.exit_code, signal = r.signal, timed_out = r.timed_out, timeout = r.timeout,
+    truncated = r.truncated, duration = r.duration, stdout_bytes = r.stdout_bytes,
+    stderr_bytes = r.stderr_bytes, box_restarted = r.box_restarted, kill_error = r.kill_error,
+    parts = parts_of(r),
+  }
+end
+function outcome.spawn(name, self) return { name = name, command = self.procs[name] and self.procs[name].command } end
+function outcome.output(o) return copy(o) end
+function outcome.kill(p) return copy(p) end
+function outcome.wait(p) return copy(p) end
+function outcome.processes(list) return { list = json.array(copy(list)) } end
+function outcome.write_file(ok) return { ok = ok } end
+function outcome.read_file(data) return { data = M.bytes_out(data) } end
+function outcome.close(ok) return { ok = ok } end
+
+-- Writing ---------------------------------------------------------------------------
+
+local function write(st, rec)
+  scrub(rec, st.secrets)
+  local ok, line = pcall(json.encode, rec)
+  if not ok then
+    line = json.encode({ seq = rec.seq, t = rec.t, box = rec.box, op = rec.op, duration = rec.duration,
+      error = { message = "trace: cannot encode this call: " .. tostring(line), code = "trace_error" } })
+  end
+  st.file:write(line, "\n")
+  st.file:flush()
+end
+
+local function next_seq(st)
+  st.seq = st.seq + 1
+  return st.seq
+end
+
+-- The recording wrapper of one Box method.
+local function wrap(op, orig)
+  local Box = boxmod.Box
+  return function(self, ...)
+    local st = state
+    local co = coroutine.running()
+    -- Not a box, a closed box or a nested call: exactly the original
+    -- (a tail call, so misuse errors point where they always did).
+    if not st or getmetatable(self) ~= Box or self.closed and op ~= "close" or (depth[co] or 0) > 0 then
+      return orig(self, ...)
+    end
+    local rec = { seq = next_seq(st), box = self.id, op = op }
+    local started = core.now()
+    rec.t = started - st.t0
+    local dok, args = pcall(describe[op], st, self, ...)
+    rec.args = dok and args or { describe_error = tostring(args) }
+    depth[co] = 1
+    local r = table.pack(pcall(orig, self, ...))
+    depth[co] = nil
+    rec.duration = core.now() - started
+    if not r[1] then
+      local msg = r[2]
+      if type(msg) == "string" then
+        -- An error raised for the caller (level 2) names this wrapper: name the caller.
+        local here = debug.getinfo(1, "S").short_src
+        local caller = debug.getinfo(2, "Sl")
+        if caller and caller.currentline and caller.currentline > 0 then
+          local prefix = here:gsub("%p", "%%%0") .. ":%d+: "
+          msg = msg:gsub("^" .. prefix, caller.short_src .. ":" .. caller.currentline .. ": ", 1)
+        end
+      end
+      rec.error = { message = tostring(msg), code = "raised" }
+      if state == st then write(st, rec) end
+      error(msg, 0)
+    end
+    if r[2] == nil and op ~= "close" then
+      rec.error = { message = r[3], code = r[4] }
+    else
+      local ook, res = pcall(outcome[op], r[2], self)
+      rec.result = ook and res or { describe_error = tostring(res) }
+    end
+    if state == st then write(st, rec) end
+    return table.unpack(r, 2, r.n)
+  end
+end
+
+local tracer = {}
+function tracer.begin() return core.now() end
+function tracer.created(t0, spec, box, err, code)
+  local st = state
+  if not st then return end
+  local env = redact_env(spec.env, st.redact)
+  local rec = {
+    seq = next_seq(st), t = t0 - st.t0, box = box and box.id or json.null, op = "create",
+    args = { backend = spec.backend, image = spec.image, workdir = spec.workdir, network = spec.network, env = env },
+    duration = core.now() - t0,
+  }
+  if box then rec.result = { id = box.id } else rec.error = { message = err, code = code } end
+  write(st, rec)
+end
+
+-- API -----------------------------------------------------------------------------
+
+-- sbx.trace.start(path [, opts]) -> true | nil, message
+-- opts: secrets (strings replaced by "[redacted]" wherever they appear),
+-- redact (env name patterns), record_stdin; each defaults to policy.trace.
+function M.start(path, opts)
+  opts = opts or {}
+  if type(path) ~= "string" or path == "" then error("sbx.trace.start expects a file path", 2) end
+  if type(opts) ~= "table" then error("trace options must be a table", 2) end
+  M.stop()
+  autostart_done = true
+  local pol = sbx().policy.trace or {}
+  local f, err = io.open(path, opts.append and "a" or "w")
+  if not f then return nil, err end
+  local secrets = {}
+  for _, list in ipairs({ pol.secrets or {}, opts.secrets or {} }) do
+    for _, s in ipairs(list) do
+      if type(s) == "string" and s ~= "" then secrets[#secrets + 1] = s end
+    end
+  end
+  table.sort(secrets, function(a, b) return #a > #b end)   -- longest first
+  state = {
+    path = path, file = f, t0 = core.now(), seq = 0, secrets = secrets,
+    redact = opts.redact or pol.redact or {},
+    record_stdin = opts.record_stdin == nil and pol.record_stdin or opts.record_stdin,
+  }
+  local Box = boxmod.Box
+  for _, op in ipairs(OPS) do
+    originals[op] = originals[op] or Box[op]
+    Box[op] = wrap(op, originals[op])
+  end
+  boxmod.tracer = tracer
+  return true
+end
+
+-- sbx.trace.stop(): ends the trace and puts the plain methods back.
+function M.stop()
+  autostart_done = true
+  local st = state
+  if not st then return false end
+  state = nil
+  boxmod.tracer = nil
+  local Box = boxmod.Box
+  for op, f in pairs(originals) do Box[op] = f end
+  st.file:close()
+  return true
+end
+
+-- sbx.trace.active() -> the path being recorded, or nil
+function M.active() return state and state.path end
+
+-- At the first sbx.box{}: the policy's trace.path, else SBX_TRACE.
+-- Until a script starts or stops a trace itself; a path that cannot be
+-- opened is reported once.
+local failed_path
+boxmod.trace_autostart = function()
+  if autostart_done then return nil end
+  local pol = sbx().policy.trace
+  local path = pol and pol.path or os.getenv("SBX_TRACE")
+  if path and path ~= "" and path ~= failed_path then
+    local ok, err = M.start(path)
+    if not ok then
+      failed_path = path
+      autostart_done = false
+      io.stderr:write("sbx: cannot start the trace: ", tostring(err), "\n")
+    end
+  end
+  return boxmod.tracer
+end
+
+-- Reading a trace: the records in seq order, plain Lua values.
+function M.load(path)
+  local f, err = io.open(path, "r")
+  if not f then return nil, err end
+  local list, n = {}, 0
+  for line in f:lines() do
+    n = n + 1
+    if line:find("%S") then
+      local rec, derr = json.decode(line)
+      if rec == nil then f:close(); return nil, string.format("%s:%d: %s", path, n, tostring(derr)) end
+      list[#list + 1] = M.plain(rec)
+    end
+  end
+  f:close()
+  table.sort(list, function(a, b) return (a.seq or 0) < (b.seq or 0) end)
+  return list
+end
+
+return M
