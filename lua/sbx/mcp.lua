@@ -79,20 +79,30 @@ function M.serve(opts)
       if not b then
         text, is_error = sbx.policy.format_tool_error("the sandbox could not be created: " .. tostring(err)), true
       else
-        local ctx
+        local ctx, done
         if token ~= nil then
-          local count, bytes = 0, 0
+          local count, bytes, last, t0 = 0, 0, "", sbx.now()
+          local function progress()
+            count = count + 1
+            send { method = "notifications/progress", params = {
+              progressToken = token, progress = count,
+              message = string.format("running for %.0fs; %d bytes of output; last line: %s", sbx.now() - t0, bytes, last:sub(1, 200)) } }
+          end
           ctx = {
             on_output = function(_, chunk)
-              count, bytes = count + 1, bytes + #chunk
-              local last = chunk:match("([^\n]+)\n?$") or ""
-              send { method = "notifications/progress", params = {
-                progressToken = token, progress = count,
-                message = string.format("%d bytes of output; last line: %s", bytes, last:sub(1, 200)) } }
+              bytes = bytes + #chunk
+              last = chunk:match("([^\n]+)\n?$") or last
+              progress()
             end,
           }
+          -- A quiet command still reports that it is alive.
+          done = sbx.event()
+          sbx.spawn(function()
+            while not done:wait(sbx.policy.mcp.progress_interval) do progress() end
+          end)
         end
         local ok, t, e = pcall(sbx.tools.call, tools, params.name, params.arguments or {}, ctx)
+        if done then done:set() end
         if not ok then
           inflight[k] = nil
           if tostring(t):find("^cancelled") then return end  -- no response to a cancelled request

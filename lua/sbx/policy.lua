@@ -79,6 +79,11 @@ policy.files = {
   make_parents = true,
 }
 
+-- The MCP server (sbx mcp).
+policy.mcp = {
+  progress_interval = 5,        -- seconds between progress notifications of a quiet command
+}
+
 -- Call traces (sbx.trace): every box call as one JSON line.
 policy.trace = {
   path = nil,                   -- a file: record from the first sbx.box{} on (also SBX_TRACE=path)

@@ -71,6 +71,13 @@ r = await client.callTool({ name: "bash", arguments: { command: "for i in 1 2 3;
 ok(progress.length >= 2, `progress notifications arrive (${progress.length})`);
 ok(progress.some((p) => /step3/.test(p.message || "")), "progress carries the last output line", JSON.stringify(progress));
 
+// A quiet command still sends progress (policy.mcp.progress_interval).
+const quiet = [];
+r = await client.callTool({ name: "bash", arguments: { command: "sleep 6; echo done" } }, undefined,
+  { onprogress: (p) => quiet.push(p) });
+ok(text(r) === "done\n", "a quiet long command completes", text(r));
+ok(quiet.length >= 1 && /running for \d+s/.test(quiet[0].message || ""), `a quiet command reports progress (${quiet.length})`, JSON.stringify(quiet));
+
 // Cancellation: the request is aborted, and its process is killed in the box.
 const ac = new AbortController();
 const pending = client.callTool({ name: "bash", arguments: { command: "sleep 777; echo never" } }, undefined, { signal: ac.signal });
