@@ -108,39 +108,12 @@ print(srv.server_address[1], flush=True)
 srv.serve_forever()
 ]=]
 
-local script, portfile, errfile = os.tmpname(), os.tmpname(), os.tmpname()
-do
-  local f = assert(io.open(script, "w"))
-  f:write(SERVER)
-  f:close()
-end
-local pid_out = io.popen(string.format("python3 %s %d > %s 2>&1 & echo $!", script, sbx.core.pid(), portfile))
-local server_pid = tonumber(pid_out:read("l"))
-pid_out:close()
-
-local function stop_server()
-  if server_pid then os.execute("kill " .. server_pid .. " 2>/dev/null") end
-  server_pid = nil
-  os.remove(script)
-  os.remove(portfile)
-  os.remove(errfile)
-end
-
-local port
-for _ = 1, 100 do
-  local f = io.open(portfile)
-  local s = f and f:read("a")
-  if f then f:close() end
-  port = s and tonumber(s:match("^(%d+)\n"))
-  if port then break end
-  sbx.sleep(0.05)
-end
-if not port then
+local errfile = os.tmpname()
+local base, port, stop_server = H.start_python_server(SERVER)
+if not base then
   tap.ok(false, "the replay server started")
-  stop_server()
   tap.done()
 end
-local base = "http://127.0.0.1:" .. port
 local OPENAI_KEY, ANTHROPIC_KEY = "sk-test-0penai-S3CRET-4417", "sk-ant-test-S3CRET-9921"
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -290,4 +263,5 @@ end
 local ok, e = xpcall(tests, debug.traceback)
 tap.ok(ok, "the agent tests ran to the end", e)
 stop_server()
+os.remove(errfile)
 tap.done()

@@ -45,6 +45,36 @@ function H.sh(cmd)
   return out, ok and 0 or code
 end
 
+-- Starts a Python 3 server script on 127.0.0.1 (the script binds port 0,
+-- prints the port on its first line, and exits when the pid given as its
+-- argument is gone). Returns base URL, port, stop() | nil when it did not start.
+function H.start_python_server(source)
+  local script, portfile = os.tmpname(), os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write(source)
+  f:close()
+  local pid_out = io.popen(string.format("python3 %s %d > %s 2>&1 & echo $!", script, sbx.core.pid(), portfile))
+  local server_pid = tonumber(pid_out:read("l"))
+  pid_out:close()
+  local function stop()
+    if server_pid then os.execute("kill " .. server_pid .. " 2>/dev/null") end
+    server_pid = nil
+    os.remove(script)
+    os.remove(portfile)
+  end
+  local port
+  for _ = 1, 100 do
+    local pf = io.open(portfile)
+    local text = pf and pf:read("a")
+    if pf then pf:close() end
+    port = text and tonumber(text:match("^(%d+)\n"))
+    if port then break end
+    sbx.sleep(0.05)
+  end
+  if not port then stop() return nil end
+  return "http://127.0.0.1:" .. port, port, stop
+end
+
 -- Resident set size of this process in KiB (VmRSS) and its peak (VmHWM).
 function H.rss()
   local f = io.open("/proc/self/status")

@@ -6,6 +6,7 @@ local tap = require "tap"
 local sbx = require "sbx"
 local httpc = sbx.httpc
 local http = sbx.http
+local H = require "helper"
 
 -- SSE parser, no network ----------------------------------------------------
 
@@ -152,38 +153,11 @@ print(srv.server_address[1], flush=True)
 srv.serve_forever()
 ]=]
 
-local script, portfile = os.tmpname(), os.tmpname()
-do
-  local f = assert(io.open(script, "w"))
-  f:write(SERVER)
-  f:close()
-end
-local pid_out = io.popen(string.format("python3 %s %d > %s 2>&1 & echo $!", script, sbx.core.pid(), portfile))
-local server_pid = tonumber(pid_out:read("l"))
-pid_out:close()
-
-local function stop_server()
-  if server_pid then os.execute("kill " .. server_pid .. " 2>/dev/null") end
-  server_pid = nil
-  os.remove(script)
-  os.remove(portfile)
-end
-
-local port
-for _ = 1, 100 do
-  local f = io.open(portfile)
-  local s = f and f:read("a")
-  if f then f:close() end
-  port = s and tonumber(s:match("^(%d+)\n"))
-  if port then break end
-  sbx.sleep(0.05)
-end
-if not port then
+local base, port, stop_server = H.start_python_server(SERVER)
+if not base then
   tap.ok(false, "the test server started")
-  stop_server()
   tap.done()
 end
-local base = "http://127.0.0.1:" .. port
 
 local function hwm_kb()
   local f = io.open("/proc/self/status")
