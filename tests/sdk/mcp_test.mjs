@@ -18,7 +18,10 @@ function ok(cond, name, diag) {
 const text = (r) => r.content.map((c) => c.text).join("");
 function docker(path) {
   return new Promise((resolve, reject) => {
-    const req = http.request({ socketPath: "/var/run/docker.sock", path, method: "GET" }, (res) => {
+    // The daemon sbx uses: DOCKER_HOST (unix://) or the default socket.
+    const host = process.env.DOCKER_HOST || "";
+    const socketPath = host.startsWith("unix://") ? host.slice(7) : "/var/run/docker.sock";
+    const req = http.request({ socketPath, path, method: "GET" }, (res) => {
       let body = "";
       res.on("data", (d) => (body += d));
       res.on("end", () => resolve({ status: res.statusCode, body }));
