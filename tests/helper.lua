@@ -45,13 +45,30 @@ function H.sh(cmd)
   return out, ok and 0 or code
 end
 
--- Starts a Python 3 server script on 127.0.0.1 (the script binds port 0,
--- prints the port on its first line, and exits when the pid given as its
--- argument is gone). Returns base URL, port, stop() | nil when it did not start.
+-- The end of every test server: serve on a free loopback port, print it,
+-- and exit when the test process (argv[1]) is gone.
+local SERVE = [=[
+
+def watch(pid):
+    while True:
+        time.sleep(0.5)
+        try: os.kill(pid, 0)
+        except OSError: os._exit(0)
+
+srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+srv.daemon_threads = True
+threading.Thread(target=watch, args=(int(sys.argv[1]),), daemon=True).start()
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+]=]
+
+-- Starts a Python 3 test server on 127.0.0.1 from source that imports os,
+-- sys, threading, time and ThreadingHTTPServer and defines a handler class H.
+-- Returns base URL, port, stop() | nil when it did not start.
 function H.start_python_server(source)
   local script, portfile = os.tmpname(), os.tmpname()
   local f = assert(io.open(script, "w"))
-  f:write(source)
+  f:write(source, SERVE)
   f:close()
   local pid_out = io.popen(string.format("python3 %s %d > %s 2>&1 & echo $!", script, sbx.core.pid(), portfile))
   local server_pid = tonumber(pid_out:read("l"))
