@@ -84,13 +84,7 @@ function M.parse_ini(text)
   return sections
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("sbx.fs").read
 
 local function expand(opts, path)
   if path:sub(1, 1) == "~" then

@@ -150,13 +150,7 @@ end
 
 -- Owner identity for labels and the reaper ---------------------------------------
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("sbx.fs").read
 
 -- The start time of a process (clock ticks since boot), which tells a live
 -- owner from a new process that reuses its pid.
