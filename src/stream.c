@@ -385,6 +385,100 @@ opt_capture(lua_State *L, int t, const char *name, struct sbx_capture *c, size_t
   sbx_capture_init(c, head, tail);
 }
 
+static struct stream *
+stream_new(lua_State *L, struct stream_ud *ud, struct sbx_host *h)
+{
+  struct stream *s = calloc(1, sizeof *s);
+  if (!s) {
+    luaL_error(L, "out of memory");
+    return NULL;
+  }
+  ud->s = s;
+  s->host = h;
+  s->refs = 1;
+  s->started = sbx_now();
+  return s;
+}
+
+/* The options every stream shares: capture sizes and the chunk queue. */
+static void
+stream_options(lua_State *L, struct stream *s)
+{
+  lua_getfield(L, 1, "chunks");
+  s->chunks = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "chunk_limit");
+  s->chunk_limit = (size_t)luaL_optinteger(L, -1, 1 << 20);
+  lua_getfield(L, 1, "capture");
+  if (lua_istable(L, -1)) {
+    int t = lua_gettop(L);
+    opt_capture(L, t, "stdout", &s->cap[CAP_STDOUT], 65536, 65536);
+    opt_capture(L, t, "stderr", &s->cap[CAP_STDERR], 65536, 65536);
+    opt_capture(L, t, "output", &s->cap[CAP_OUTPUT], 65536, 65536);
+  }
+  else {
+    int i;
+    for (i = 0; i < CAP_N; i++)
+      sbx_capture_init(&s->cap[i], 65536, 65536);
+  }
+  lua_pop(L, 3);
+}
+
+/*
+** core.stream.sink{ capture=, chunks=, chunk_limit= } -> stream. A stream
+** with no socket of its own: a transport written in Lua (the SSM data
+** channel) feeds it with :push and ends it with :finish, and readers use
+** the same methods as on a socket stream. The chunk queue is not capped
+** here; :push returns its size so the feeder can hold back (stop acking)
+** above chunk_limit.
+*/
+static int
+stream_sink(lua_State *L)
+{
+  struct stream_ud *ud;
+  struct stream *s;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  ud = lua_newuserdatauv(L, sizeof *ud, 0);
+  ud->s = NULL;
+  luaL_setmetatable(L, STREAM_MT);
+  s = stream_new(L, ud, sbx_host_get(L));
+  s->phase = PH_RAW;
+  stream_options(L, s);
+  return 1;
+}
+
+/* stream:push("stdout"|"stderr", bytes) -> queued chunk bytes | nil when ended */
+static int
+stream_push(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  static const char *const fds[] = { "stdout", "stderr", NULL };
+  int which = luaL_checkoption(L, 2, NULL, fds);
+  size_t n;
+  const char *p = luaL_checklstring(L, 3, &n);
+  luaL_argcheck(L, s->request == NULL, 1, "push on a socket stream");
+  if (s->eof) {
+    lua_pushnil(L);
+    return 1;
+  }
+  if (n)
+    deliver(s, which == 0 ? 1 : 2, p, n);
+  lua_pushinteger(L, (lua_Integer)(s->pend[0].len + s->pend[1].len));
+  return 1;
+}
+
+/* stream:finish([code, message]): the end of a sink, with an error if given. */
+static int
+stream_finish(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  const char *code = luaL_optstring(L, 2, NULL);
+  const char *msg = luaL_optstring(L, 3, code);
+  luaL_argcheck(L, s->request == NULL, 1, "finish on a socket stream");
+  finish(s, code, msg);
+  return 0;
+}
+
 /*
 ** core.stream.open{ unix_socket= | host=, port=, request=, stdin=, tty=,
 **   capture = { stdout={head=,tail=}, stderr=..., output=... },
@@ -414,13 +508,7 @@ stream_open(lua_State *L)
   in = luaL_optlstring(L, -1, NULL, &in_len);
   luaL_argcheck(L, sock || host, 1, "unix_socket or host expected");
 
-  s = calloc(1, sizeof *s);
-  if (!s)
-    return luaL_error(L, "out of memory");
-  ud->s = s;
-  s->host = h;
-  s->refs = 1;
-  s->started = sbx_now();
+  s = stream_new(L, ud, h);
   s->request = malloc(req_len);
   if (!s->request)
     return luaL_error(L, "out of memory");
@@ -436,23 +524,7 @@ stream_open(lua_State *L)
   }
   lua_getfield(L, 1, "tty");
   s->tty = lua_toboolean(L, -1);
-  lua_getfield(L, 1, "chunks");
-  s->chunks = lua_toboolean(L, -1);
-  lua_getfield(L, 1, "chunk_limit");
-  s->chunk_limit = (size_t)luaL_optinteger(L, -1, 1 << 20);
-  lua_getfield(L, 1, "capture");
-  if (lua_istable(L, -1)) {
-    int t = lua_gettop(L);
-    opt_capture(L, t, "stdout", &s->cap[CAP_STDOUT], 65536, 65536);
-    opt_capture(L, t, "stderr", &s->cap[CAP_STDERR], 65536, 65536);
-    opt_capture(L, t, "output", &s->cap[CAP_OUTPUT], 65536, 65536);
-  }
-  else {
-    int i;
-    for (i = 0; i < CAP_N; i++)
-      sbx_capture_init(&s->cap[i], 65536, 65536);
-  }
-  lua_pop(L, 1);
+  stream_options(L, s);
 
   s->connect_req.data = s;
   if (sock) {
@@ -717,6 +789,7 @@ stream_tostring(lua_State *L)
 
 static const luaL_Reg stream_funcs[] = {
   { "open", stream_open },
+  { "sink", stream_sink },
   { NULL, NULL }
 };
 
@@ -727,6 +800,8 @@ static const luaL_Reg stream_methods[] = {
   { "read", stream_read },
   { "info", stream_info },
   { "close", stream_close },
+  { "push", stream_push },
+  { "finish", stream_finish },
   { NULL, NULL }
 };
 

@@ -150,36 +150,9 @@ end
 
 -- Owner identity for labels and the reaper ---------------------------------------
 
-local read_file = require("sbx.fs").read
-
--- The start time of a process (clock ticks since boot), which tells a live
--- owner from a new process that reuses its pid.
-local function proc_start(pid)
-  local stat = read_file("/proc/" .. pid .. "/stat")
-  if not stat then return nil end
-  local rest = stat:match("^.*%)%s+(.*)$")
-  -- A zombie keeps its pid and start time but is no owner any more.
-  if rest:match("^[ZX]") then return nil end
-  local i = 0
-  for field in rest:gmatch("%S+") do
-    i = i + 1
-    if i == 20 then return field end
-  end
-end
-M.proc_start = proc_start
-
-local function hostname()
-  return (read_file("/proc/sys/kernel/hostname") or "unknown"):gsub("%s+$", "")
-end
-
-local owner
-local function owner_labels()
-  if not owner then
-    local pid = tostring(core.pid())
-    owner = { pid = pid, start = proc_start(pid) or "0", host = hostname() }
-  end
-  return owner
-end
+local owner = require "sbx.owner"
+M.proc_start = owner.proc_start
+local owner_labels = owner.identity
 
 -- Lifecycle -------------------------------------------------------------------
 
@@ -428,7 +401,6 @@ function M.reap(opts)
   local filters = json.encode { label = json.array { "sbx.owner.pid" } }
   local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters))
   if not st then return nil, list, lcode end
-  local me = hostname()
   local now = os.time()
   local report = { removed = {}, kept = 0 }
   local tasks = {}
@@ -437,11 +409,8 @@ function M.reap(opts)
     local dead
     if opts.all then
       dead = "all"
-    elseif tonumber(l["sbx.deadline"] or "") and tonumber(l["sbx.deadline"]) < now then
-      dead = "past its deadline"
-    elseif l["sbx.owner.host"] == me then
-      local pid = l["sbx.owner.pid"]
-      if proc_start(pid) ~= l["sbx.owner.start"] then dead = "owner process " .. pid .. " is gone" end
+    else
+      dead = owner.orphan_reason(l["sbx.owner.host"], l["sbx.owner.pid"], l["sbx.owner.start"], l["sbx.deadline"], now)
     end
     if dead then
       local name = (c.Names and c.Names[1] or c.Id):gsub("^/", "")

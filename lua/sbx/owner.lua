@@ -1,0 +1,49 @@
+-- Who owns a box: the host, the pid and the pid's start time. Every backend
+-- writes these on what it starts (labels, tags) and its reaper compares them
+-- with the live process table, so a crashed sbx's boxes are found and removed.
+local M = {}
+local read_file = require("sbx.fs").read
+
+-- The start time of a process (clock ticks since boot), which tells a live
+-- owner from a new process that reuses its pid. nil when it is gone.
+function M.proc_start(pid)
+  local stat = read_file("/proc/" .. tostring(pid) .. "/stat")
+  if not stat then return nil end
+  local rest = stat:match("^.*%)%s+(.*)$")
+  -- A zombie keeps its pid and start time but is no owner any more.
+  if not rest or rest:match("^[ZX]") then return nil end
+  local i = 0
+  for field in rest:gmatch("%S+") do
+    i = i + 1
+    if i == 20 then return field end
+  end
+end
+
+function M.hostname()
+  return (read_file("/proc/sys/kernel/hostname") or "unknown"):gsub("%s+$", "")
+end
+
+local me
+-- { pid, start, host } of this process (strings).
+function M.identity()
+  if not me then
+    local pid = tostring(require("sbx").core.pid())
+    me = { pid = pid, start = M.proc_start(pid) or "0", host = M.hostname() }
+  end
+  return me
+end
+
+-- Why a box with these owner fields is an orphan, or nil when it is not.
+-- deadline is epoch seconds (or nil); a box of another host is judged only
+-- by its deadline, because its owner's process table is not ours to read.
+function M.orphan_reason(host, pid, start, deadline, now)
+  now = now or os.time()
+  deadline = tonumber(deadline or "")
+  if deadline and deadline < now then return "past its deadline" end
+  if host == M.hostname() and pid then
+    if M.proc_start(pid) ~= start then return "owner process " .. pid .. " is gone" end
+  end
+  return nil
+end
+
+return M
