@@ -38,7 +38,7 @@ tap.ok(info.eof, "finish ends the stream")
 tap.is(info.error_code, "disconnected", "with the feeder's error code")
 tap.is(info.error, "the channel dropped", "and message")
 tap.is(s:push("stdout", "late"), nil, "push after the end is refused")
-tap.is(select(3, s:captured("output")), 19, "and not captured")
+tap.is(select(3, s:captured("output")), 18, "and not captured")
 
 local plain = core.stream.sink {}
 plain:push("stdout", "x")
