@@ -1317,8 +1317,22 @@ sigv4_sign(lua_State *L)
   return 1;
 }
 
+/* sigv4.sha256(bytes) -> 64 lowercase hex digits (content hashes, payload hashes) */
+static int
+sigv4_sha256(lua_State *L)
+{
+  size_t n;
+  const char *p = luaL_checklstring(L, 1, &n);
+  char hex[65];
+  if (sbx_sigv4_sha256_hex(p, n, hex) != 0)
+    return luaL_error(L, "sha256 failed");
+  lua_pushlstring(L, hex, 64);
+  return 1;
+}
+
 static const luaL_Reg sigv4_funcs[] = {
   { "sign", sigv4_sign },
+  { "sha256", sigv4_sha256 },
   { NULL, NULL }
 };
 
@@ -1328,7 +1342,7 @@ static const luaL_Reg sigv4_result_meta[] = {
   { NULL, NULL }
 };
 
-/* The sigv4 module table: { sign = ... }. */
+/* The sigv4 module table: { sign = ..., sha256 = ... }. */
 int
 sbx_open_sigv4(lua_State *L)
 {
