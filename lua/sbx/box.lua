@@ -225,6 +225,31 @@ local function clamp_timeout(t)
   return t
 end
 
+-- The in-box kill: every process whose environment carries the job's marker
+-- (children, grandchildren, even those that called setsid) gets the signal.
+-- Markers are 16 hex digits, so no marker is a prefix of another. Backends
+-- run this argv inside the box; it prints how many processes it signalled.
+local KILL_SCRIPT = [[
+sig=$1; m="SBX_JOB=$2"; n=0
+for round in 1 2 3; do
+  found=0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    if grep -qs "$m" "$p/environ" 2>/dev/null; then
+      kill -s "$sig" "$pid" 2>/dev/null && found=$((found+1))
+    fi
+  done
+  n=$((n+found))
+  [ "$sig" = KILL ] || break
+  [ $found -eq 0 ] && break
+done
+echo "$n"
+]]
+
+function M.kill_argv(signal, marker)
+  return { "sh", "-c", KILL_SCRIPT, "sh", signal, marker }
+end
+
 -- Kills a job's whole process tree; falls back to restarting the box when
 -- the kill cannot run. Returns what happened for the result.
 local function kill_tree(self, job, signal)

@@ -349,31 +349,11 @@ function M.finish(h, job)
   return nil, "the daemon did not report an exit code", "no_exit_code"
 end
 
--- The in-box kill: every process whose environment carries the job's marker
--- (children, grandchildren, even those that called setsid) gets the signal.
--- Markers are 16 hex digits, so no marker is a prefix of another.
-local KILL_SCRIPT = [[
-sig=$1; m="SBX_JOB=$2"; n=0
-for round in 1 2 3; do
-  found=0
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    if grep -qs "$m" "$p/environ" 2>/dev/null; then
-      kill -s "$sig" "$pid" 2>/dev/null && found=$((found+1))
-    fi
-  done
-  n=$((n+found))
-  [ "$sig" = KILL ] || break
-  [ $found -eq 0 ] && break
-done
-echo "$n"
-]]
-
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal)
   signal = tostring(signal or "KILL"):gsub("^SIG", "")
   local req = {
-    argv = { "sh", "-c", KILL_SCRIPT, "sh", signal, job.marker }, env = {},
+    argv = require("sbx.box").kill_argv(signal, job.marker), env = {},
     capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 0, tail = 0 } },
   }
   local id, err, code = exec_create(h, req)
