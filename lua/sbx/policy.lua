@@ -272,4 +272,52 @@ policy.tools = {
 }
 policy.tool_order = { "bash", "list_processes", "process_output", "kill_process" }
 
+
+-- The Fargate backend (sbx.box{ backend = "fargate", subnets = {...} }).
+-- Box options of the same names override these per box.
+policy.fargate = {
+  cluster = "sbx",                      -- created when missing
+  region = nil,                         -- nil: the AWS region chain (AWS_REGION, AWS_DEFAULT_REGION, profile)
+  profile = nil,                        -- nil: AWS_PROFILE / default
+  cpu = "1024",                         -- task CPU units, as ECS spells them
+  memory = "2048",                      -- task memory in MiB, as ECS spells them
+  container = "sbx",                    -- the container name in the task definition
+  family_prefix = "sbx-",               -- task definitions are shared by content: <prefix><hash>
+  deregister_task_definitions = true,   -- when this process closes the last box of one
+  assign_public_ip = "ENABLED",         -- the exec agent must reach the SSM endpoints
+  subnets = nil, security_groups = nil, -- required per box or here
+  -- IAM: give ARNs to skip role management, or names to have them ensured.
+  task_role_arn = nil, execution_role_arn = nil,
+  task_role = "sbx-task-role", execution_role = "sbx-execution-role",
+  trust_policy = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ecs-tasks.amazonaws.com"},"Action":"sts:AssumeRole"}]}',
+  exec_policy_name = "sbx-ecs-exec",
+  exec_policy = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":["ssmmessages:CreateControlChannel","ssmmessages:CreateDataChannel","ssmmessages:OpenControlChannel","ssmmessages:OpenDataChannel"],"Resource":"*"}]}',
+  execution_policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy",
+  iam_propagation = 30,                 -- seconds RunTask is retried while a new role propagates
+  start_timeout = 600,                  -- seconds from RunTask to a running exec agent
+  poll_interval = 0.5,                  -- seconds between DescribeTasks polls (one call for all waiting boxes)
+  exec_connect_timeout = 30,            -- seconds ExecuteCommand is retried on TargetNotConnectedException
+  stop_reason = "sbx: box closed",
+  started_by = "sbx",                   -- RunTask startedBy; the reaper lists tasks by it
+  -- The SSM data channel.
+  ssm = {
+    connect_timeout = 30,
+    client_version = "1.2.0.0",
+    terminal = { cols = 300, rows = 100 },  -- what the reference plugin sends without a TTY
+    input_chunk = 1024,                 -- stdin bytes per message, as the plugin reads them
+    window = 512,                       -- unacked input messages before send waits
+    reorder_capacity = 10000,           -- early agent messages kept for in-order delivery
+    initial_rtt = 0.1, initial_rto = 0.2, max_rto = 1.0, min_rto_var = 0.01,
+    rtt_alpha = 0.125, rtt_beta = 0.25,
+    resend_interval = 0.1,              -- how often the oldest unacked message is looked at
+    max_resends = 3000,                 -- of one message, then the session fails (about 5 min)
+    ping_interval = 300,
+    ping_payload = "keepalive",
+    max_message = 1024 * KiB,
+    max_queue = 4 * MiB,
+    backpressure_poll = 0.01,
+    kms_message = "sbx does not support KMS-encrypted ECS Exec sessions: remove kmsKeyId from the cluster's executeCommandConfiguration",
+  },
+}
+
 return policy

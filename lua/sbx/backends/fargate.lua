@@ -1,0 +1,664 @@
+-- The Fargate backend: a box is an ECS task on Fargate whose container
+-- sleeps for the box's lifetime; commands run through ECS Exec, one SSM data
+-- channel each (sbx.aws.ssm_session). The box contract is box.lua's.
+--
+-- Protocol facts (../shared/reference/aws-protocol.md): the agent execs the
+-- command on a PTY without a shell and reports no exit status for ECS Exec,
+-- so every command runs inside a small sh wrapper that
+--   1. puts the PTY in raw mode (no CR-LF translation, no echo, no signals
+--      from input bytes) and prints a ready marker with stty's status,
+--   2. runs the command with stdin from /dev/null, or from exactly N bytes of
+--      the PTY when the caller gives stdin (sent only after the ready marker),
+--   3. prints an exit marker with $?.
+-- Both markers carry a per-command random nonce and are cut out of the
+-- output; CR-LF is normalised only when stty was missing.
+local M = {}
+
+local sbx = require "sbx"
+local core, json = sbx.core, sbx.json
+local owner = require "sbx.owner"
+local session_mod = require "sbx.aws.ssm_session"
+
+local function pol_f() return sbx.policy.fargate end
+
+-- Clients and one-time work, per process -------------------------------------------
+
+local clients = {}              -- region/profile key -> { ecs, iam }
+local once = {}                 -- key -> { done = event, ok, err, code, value }
+
+-- Runs fn once per key even when many boxes ask at the same time; a failure
+-- is not remembered, so the next box tries again.
+local function run_once(key, fn)
+  local o = once[key]
+  if o then
+    o.done:wait()
+    if o.ok then return o.value end
+    if once[key] == o then once[key] = nil end
+    return run_once(key, fn)
+  end
+  o = { done = core.event() }
+  once[key] = o
+  local ok, value, err, code = pcall(fn)
+  if not ok then
+    once[key] = nil
+    o.done:set()
+    error(value, 0)
+  end
+  if value == nil then
+    o.err, o.code = err, code
+    once[key] = nil
+  else
+    o.ok, o.value = true, value
+  end
+  o.done:set()
+  if value == nil then return nil, err, code end
+  return value
+end
+
+local function get_clients(spec)
+  local aws = require "sbx.aws.client"
+  local key = tostring(spec.region) .. "|" .. tostring(spec.profile)
+  local c = clients[key]
+  if c then return c end
+  local opts = { region = spec.region, profile = spec.profile, credentials = spec.credentials }
+  local ecs, err, code = aws.new("ecs", opts)
+  if not ecs then return nil, err, code end
+  local iam, ierr, icode = aws.new("iam", opts)
+  if not iam then return nil, ierr, icode end
+  c = { ecs = ecs, iam = iam, key = key }
+  clients[key] = c
+  return c
+end
+
+local function fspec(spec)
+  -- Box options win over policy.fargate, key by key.
+  local f = {}
+  for k, v in pairs(pol_f()) do f[k] = v end
+  for k, v in pairs(spec) do if pol_f()[k] ~= nil or f[k] == nil then f[k] = v end end
+  return f
+end
+
+-- Cluster and roles ---------------------------------------------------------------------
+
+local function ensure_cluster(c, f)
+  return run_once(c.key .. "|cluster|" .. f.cluster, function()
+    local out, err, code = c.ecs:call("DescribeClusters", { clusters = json.array { f.cluster } })
+    if not out then return nil, err, code end
+    for _, cl in ipairs(out.clusters or {}) do
+      if cl.status == "ACTIVE" then return cl.clusterArn end
+    end
+    local made, merr, mcode = c.ecs:call("CreateCluster", {
+      clusterName = f.cluster,
+      settings = json.array { { name = "containerInsights", value = "disabled" } },
+    })
+    if not made then return nil, merr, mcode end
+    return made.cluster.clusterArn
+  end)
+end
+
+-- A role by name: its ARN, created (with its policies) when missing.
+-- Returns arn, created.
+local function ensure_role(c, f, name, kind)
+  return run_once(c.key .. "|role|" .. name, function()
+    local got, err, code = c.iam:call("GetRole", { RoleName = name })
+    if got then return { arn = got.Role.Arn, created = false } end
+    if code ~= "NoSuchEntity" then return nil, err, code end
+    local made, merr, mcode = c.iam:call("CreateRole", {
+      RoleName = name, AssumeRolePolicyDocument = f.trust_policy,
+      Description = "sbx Fargate boxes (" .. kind .. " role)",
+    })
+    if not made then
+      -- Another process made it between our GetRole and CreateRole.
+      if mcode ~= "EntityAlreadyExists" then return nil, merr, mcode end
+      got, err, code = c.iam:call("GetRole", { RoleName = name })
+      if not got then return nil, err, code end
+      return { arn = got.Role.Arn, created = false }
+    end
+    local ok, perr, pcode
+    if kind == "task" then
+      ok, perr, pcode = c.iam:call("PutRolePolicy", { RoleName = name, PolicyName = f.exec_policy_name, PolicyDocument = f.exec_policy })
+    else
+      ok, perr, pcode = c.iam:call("AttachRolePolicy", { RoleName = name, PolicyArn = f.execution_policy_arn })
+    end
+    if not ok then return nil, perr, pcode end
+    return { arn = made.Role.Arn, created = true, at = core.now() }
+  end)
+end
+
+local function roles(c, f)
+  local task, exec_role = { arn = f.task_role_arn }, { arn = f.execution_role_arn }
+  local err, code
+  if not task.arn then
+    task, err, code = ensure_role(c, f, f.task_role, "task")
+    if not task then return nil, "cannot ensure the task role: " .. err, code end
+  end
+  if not exec_role.arn then
+    exec_role, err, code = ensure_role(c, f, f.execution_role, "execution")
+    if not exec_role then return nil, "cannot ensure the execution role: " .. err, code end
+  end
+  -- A role made in the last iam_propagation seconds may not be usable yet.
+  local fresh_until = 0
+  for _, r in ipairs { task, exec_role } do
+    if r.created then fresh_until = math.max(fresh_until, r.at + f.iam_propagation) end
+  end
+  return { task = task.arn, execution = exec_role.arn, fresh_until = fresh_until }
+end
+
+-- Task definitions, shared by content -------------------------------------------------------
+
+local taskdef_users = {}        -- arn -> boxes of this process using it
+
+local function taskdef_body(f, r)
+  local body = {
+    family = "",
+    networkMode = "awsvpc",
+    requiresCompatibilities = json.array { "FARGATE" },
+    cpu = tostring(f.cpu), memory = tostring(f.memory),
+    taskRoleArn = r.task, executionRoleArn = r.execution,
+    containerDefinitions = json.array { {
+      name = f.container, image = f.image, essential = true,
+      -- The lifetime comes per box as a command override.
+      entryPoint = json.array { "sleep" }, command = json.array { "86400" },
+      linuxParameters = { initProcessEnabled = true },
+      environment = json.array((function()
+        local l = {}
+        for k, v in pairs(f.env or {}) do l[#l + 1] = { name = tostring(k), value = tostring(v) } end
+        table.sort(l, function(a, b) return a.name < b.name end)
+        return l
+      end)()),
+    } },
+  }
+  local hash = core.sigv4.sha256(json.encode(body))
+  body.family = f.family_prefix .. hash:sub(1, 20)
+  return body
+end
+
+local function ensure_taskdef(c, f, r)
+  local body = taskdef_body(f, r)
+  return run_once(c.key .. "|taskdef|" .. body.family, function()
+    local got = c.ecs:call("DescribeTaskDefinition", { taskDefinition = body.family })
+    if got and got.taskDefinition and got.taskDefinition.status == "ACTIVE" then
+      return got.taskDefinition.taskDefinitionArn
+    end
+    local made, err, code = c.ecs:call("RegisterTaskDefinition", body)
+    if not made then return nil, "cannot register the task definition: " .. err, code end
+    return made.taskDefinition.taskDefinitionArn
+  end)
+end
+
+local function forget_taskdef(c, f, r)
+  once[c.key .. "|taskdef|" .. taskdef_body(f, r).family] = nil
+end
+
+-- Waiting for tasks: one DescribeTasks per cluster and poll for every waiting box ------
+
+local pollers = {}              -- client key|cluster -> { waiting = { arn -> entry } }
+
+local function agent_running(t)
+  for _, ct in ipairs(t.containers or {}) do
+    for _, a in ipairs(ct.managedAgents or {}) do
+      if a.name == "ExecuteCommandAgent" and a.lastStatus == "RUNNING" then return true end
+    end
+  end
+  return false
+end
+
+local function poll(c, f, key)
+  local p = pollers[key]
+  while next(p.waiting) do
+    core.sleep(f.poll_interval)
+    local arns = {}
+    for arn in pairs(p.waiting) do arns[#arns + 1] = arn end
+    for i = 1, #arns, 100 do
+      local batch = table.move(arns, i, math.min(i + 99, #arns), 1, {})
+      local out, err, code = c.ecs:call("DescribeTasks", { cluster = f.cluster, tasks = json.array(batch) })
+      for _, arn in ipairs(batch) do
+        local w = p.waiting[arn]
+        if w then
+          if not out then
+            w.last_error = { err, code }
+          end
+        end
+      end
+      for _, t in ipairs(out and out.tasks or {}) do
+        local w = p.waiting[t.taskArn]
+        if w then
+          w.task = t
+          if t.lastStatus == "STOPPED" then
+            w.result = { nil, "the task stopped before it ran: " .. tostring(t.stoppedReason or t.stopCode), "task_stopped" }
+          elseif t.lastStatus == "RUNNING" and agent_running(t) then
+            w.result = { t }
+          end
+          if w.result then
+            p.waiting[t.taskArn] = nil
+            w.done:set()
+          end
+        end
+      end
+    end
+  end
+  pollers[key] = nil
+end
+
+local function wait_running(c, f, arn)
+  local key = c.key .. "|" .. f.cluster
+  local p = pollers[key]
+  local w = { done = core.event() }
+  if not p then
+    p = { waiting = {} }
+    pollers[key] = p
+    p.waiting[arn] = w
+    core.spawn(poll, c, f, key)
+  else
+    p.waiting[arn] = w
+  end
+  if not w.done:wait(f.start_timeout) then
+    p.waiting[arn] = nil
+    local t = w.task
+    if t and t.lastStatus == "RUNNING" then
+      return nil, string.format("the task runs but its ExecuteCommandAgent did not connect within %gs " ..
+        "(the task role needs the ssmmessages permissions and a network path to the SSM endpoints)", f.start_timeout),
+        "agent_not_connected"
+    end
+    local last = w.last_error and (": last DescribeTasks error: " .. tostring(w.last_error[1])) or ""
+    return nil, string.format("the task did not reach RUNNING within %gs (last status %s)%s", f.start_timeout,
+      t and t.lastStatus or "unknown", last), "timeout"
+  end
+  return table.unpack(w.result, 1, 3)
+end
+
+-- Lifecycle ---------------------------------------------------------------------------------
+
+local function tags(f)
+  local o = owner.identity()
+  local now = os.time()
+  local t = {
+    ["sbx"] = "1",
+    ["sbx.owner.pid"] = o.pid,
+    ["sbx.owner.start"] = o.start,
+    ["sbx.owner.host"] = o.host,
+    ["sbx.created"] = tostring(now),
+    ["sbx.deadline"] = tostring(now + math.floor(f.lifetime)),
+    ["sbx.version"] = core.version,
+  }
+  for k, v in pairs(f.labels or {}) do t[k] = tostring(v) end
+  local l = {}
+  for k, v in pairs(t) do l[#l + 1] = { key = k, value = v } end
+  table.sort(l, function(a, b) return a.key < b.key end)
+  return json.array(l)
+end
+
+local function list_of(v)
+  if v == nil then return nil end
+  if type(v) == "string" then return json.array { v } end
+  return json.array(v)
+end
+
+local function task_id(arn) return arn:match("([^/]+)$") end
+
+local function stop_task(c, f, arn, detached)
+  local function go()
+    return c.ecs:call("StopTask", { cluster = f.cluster, task = arn, reason = f.stop_reason })
+  end
+  if detached then core.spawn(go) return true end
+  return go()
+end
+
+-- create(spec, policy) -> handle | nil, message, code
+function M.create(spec)
+  local f = fspec(spec)
+  if not f.subnets or #f.subnets == 0 then
+    return nil, "a Fargate box needs subnets (sbx.box{ backend = \"fargate\", subnets = { \"subnet-...\" } } or policy.fargate.subnets)", "invalid_spec"
+  end
+  local c, err, code = get_clients(f)
+  if not c then return nil, err, code end
+  local cluster_arn
+  cluster_arn, err, code = ensure_cluster(c, f)
+  if not cluster_arn then return nil, "cannot ensure the ECS cluster '" .. f.cluster .. "': " .. err, code end
+  local r
+  r, err, code = roles(c, f)
+  if not r then return nil, err, code end
+  local td
+  td, err, code = ensure_taskdef(c, f, r)
+  if not td then return nil, err, code end
+
+  local run = {
+    cluster = f.cluster, taskDefinition = td, launchType = "FARGATE", count = 1,
+    enableExecuteCommand = true, startedBy = f.started_by,
+    networkConfiguration = { awsvpcConfiguration = {
+      subnets = list_of(f.subnets), securityGroups = list_of(f.security_groups or {}),
+      assignPublicIp = f.assign_public_ip,
+    } },
+    overrides = { containerOverrides = json.array { {
+      name = f.container, command = json.array { tostring(math.floor(f.lifetime)) },
+    } } },
+    tags = tags(f),
+  }
+  local task
+  local retried_taskdef = false
+  while true do
+    local out, rerr, rcode = c.ecs:call("RunTask", run)
+    if out and out.tasks and out.tasks[1] then task = out.tasks[1]; break end
+    if out then
+      local fl = out.failures and out.failures[1] or {}
+      return nil, "RunTask failed: " .. tostring(fl.reason) .. (fl.detail and (" (" .. fl.detail .. ")") or ""), "run_failed"
+    end
+    if rcode == "ClientException" and tostring(rerr):find("nactive") and not retried_taskdef then
+      -- Another process deregistered the shared definition: register again.
+      retried_taskdef = true
+      forget_taskdef(c, f, r)
+      td, err, code = ensure_taskdef(c, f, r)
+      if not td then return nil, err, code end
+      run.taskDefinition = td
+    elseif (rcode == "ClientException" or rcode == "InvalidParameterException") and core.now() < r.fresh_until
+        and tostring(rerr):lower():find("role") then
+      core.sleep(1)               -- a new role is still propagating through IAM
+    else
+      return nil, "cannot start the Fargate task: " .. tostring(rerr), rcode
+    end
+  end
+  taskdef_users[td] = (taskdef_users[td] or 0) + 1
+  local h = {
+    id = task_id(task.taskArn), arn = task.taskArn, cluster = f.cluster, container = f.container,
+    clients = c, f = f, taskdef = td, sessions = {},
+  }
+  local ok, running, werr, wcode = pcall(wait_running, c, f, task.taskArn)
+  if not ok then
+    M.destroy(h, true)            -- interrupted or cancelled: stop it anyway
+    error(running, 0)
+  end
+  if not running then
+    M.destroy(h)
+    return nil, werr, wcode
+  end
+  return h
+end
+
+-- destroy(handle, detached): stops the task (no waiting for it to drain) and
+-- deregisters the task definition when this was its last box here.
+function M.destroy(h, detached)
+  if h.destroyed then return true end
+  h.destroyed = true
+  for s in pairs(h.sessions) do s:close() end
+  local c, f = h.clients, h.f
+  local function go()
+    local out, err, code = stop_task(c, f, h.arn)
+    local n = (taskdef_users[h.taskdef] or 1) - 1
+    taskdef_users[h.taskdef] = n > 0 and n or nil
+    if n <= 0 and f.deregister_task_definitions then
+      for k in pairs(once) do
+        if k:find("|taskdef|", 1, true) and once[k].value == h.taskdef then once[k] = nil end
+      end
+      c.ecs:call("DeregisterTaskDefinition", { taskDefinition = h.taskdef })
+    end
+    if not out and code ~= "InvalidParameterException" then return nil, err, code end
+    return true
+  end
+  if detached then core.spawn(go) return true end
+  return go()
+end
+
+-- Commands ------------------------------------------------------------------------------------
+
+-- One word for sh: single-quoted, with ' written as '\''.
+local function shq(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function wrapper(req, nonce)
+  local parts = { "stty raw -echo 2>/dev/null; s=$?; printf '__SBX_%s_R%d__' " .. nonce .. " \"$s\"" }
+  local exports = {}
+  for _, kv in ipairs(req.env or {}) do
+    local k, v = kv:match("^([%a_][%w_]*)=(.*)$")
+    if k then exports[#exports + 1] = k .. "=" .. shq(v) end
+  end
+  if #exports > 0 then parts[#parts + 1] = "export " .. table.concat(exports, " ") end
+  local argv = {}
+  for i, a in ipairs(req.argv) do argv[i] = shq(a) end
+  local cmd = table.concat(argv, " ")
+  if req.stdin then
+    cmd = "head -c " .. #req.stdin .. " | " .. cmd
+  else
+    cmd = cmd .. " </dev/null"
+  end
+  if req.cwd then cmd = "cd " .. shq(req.cwd) .. " && " .. cmd end
+  parts[#parts + 1] = "{ " .. cmd .. "; }"
+  parts[#parts + 1] = "printf '__SBX_%s_E%d__' " .. nonce .. " \"$?\""
+  -- The agent splits the command like a POSIX shell and execs it directly.
+  return "/bin/sh -c " .. shq(table.concat(parts, "; "))
+end
+M.wrapper = wrapper
+
+-- Cuts the ready and exit markers out of the output. Holds back only the
+-- bytes that could still be the start of a marker.
+local function marker_filter(nonce, emit, on_ready)
+  local ready_pat = "__SBX_" .. nonce .. "_R(%d+)__"
+  local exit_fixed = "__SBX_" .. nonce .. "_E"
+  local exit_pat = "__SBX_" .. nonce .. "_E(%d+)__"
+  local ready_fixed = "__SBX_" .. nonce .. "_R"
+  local buf, state, crlf, held_cr = "", "pre", false, false
+  local fl = {}
+
+  local function out(x)
+    if x == "" then return end
+    if crlf then
+      if held_cr then x = "\r" .. x; held_cr = false end
+      if x:sub(-1) == "\r" then x = x:sub(1, -2); held_cr = true end
+      x = x:gsub("\r\n", "\n")
+    end
+    if x ~= "" then emit(x) end
+  end
+
+  -- Length of the longest suffix of buf that may begin a marker.
+  local function partial(fixed)
+    local n = #buf
+    for k = math.min(n, #fixed + 12), 1, -1 do
+      local suf = buf:sub(n - k + 1)
+      if k <= #fixed then
+        if fixed:sub(1, k) == suf then return k end
+      elseif suf:sub(1, #fixed) == fixed and suf:sub(#fixed + 1):match("^%d*_?$") then
+        return k
+      end
+    end
+    return 0
+  end
+
+  function fl.feed(bytes)
+    if state == "done" then return end
+    buf = buf .. bytes
+    if state == "pre" then
+      local i, j, st = buf:find(ready_pat)
+      if not i then
+        local keep = partial(ready_fixed)
+        out(buf:sub(1, #buf - keep))
+        buf = buf:sub(#buf - keep + 1)
+        return
+      end
+      out(buf:sub(1, i - 1))
+      buf = buf:sub(j + 1)
+      state = "body"
+      crlf = st ~= "0"
+      on_ready(crlf)
+    end
+    local i, j, code = buf:find(exit_pat)
+    if i then
+      out(buf:sub(1, i - 1))
+      fl.exit_code = tonumber(code)
+      buf, state = "", "done"
+      return
+    end
+    local keep = partial(exit_fixed)
+    out(buf:sub(1, #buf - keep))
+    buf = buf:sub(#buf - keep + 1)
+  end
+
+  function fl.flush()
+    if state ~= "done" then out(buf) end
+    if held_cr then held_cr = false; emit("\r") end
+    buf, state = "", "done"
+  end
+  return fl
+end
+M.marker_filter = marker_filter
+
+local function nonce()
+  return string.format("%08x%08x", math.random(0, 0x7fffffff), math.random(0, 0x7fffffff))
+end
+
+-- ExecuteCommand, retried while the agent is not connected yet.
+local function execute(h, command)
+  local c, f = h.clients, h.f
+  local deadline = core.now() + f.exec_connect_timeout
+  local delay = 0.2
+  while true do
+    local out, err, code = c.ecs:call("ExecuteCommand", {
+      cluster = h.cluster, task = h.arn, container = h.container, command = command, interactive = true,
+    })
+    if out then return out end
+    if code ~= "TargetNotConnectedException" or core.now() + delay > deadline then
+      return nil, "ExecuteCommand failed: " .. tostring(err), code
+    end
+    core.sleep(delay)
+    delay = math.min(delay * 2, 2)
+  end
+end
+
+-- start(handle, req) -> job | nil, message, code
+function M.start(h, req)
+  if req.user then
+    return nil, "ECS Exec runs commands as the container's user; a per-command user is not supported on Fargate", "unsupported"
+  end
+  local n = nonce()
+  local out, err, code = execute(h, wrapper(req, n))
+  if not out then return nil, err, code end
+  local pol = h.f.ssm
+  local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
+  local job = { stream = sink, marker = req.marker, session_id = out.session and out.session.sessionId }
+  local s
+  local filter = marker_filter(n, function(bytes) sink:push("stdout", bytes) end, function()
+    if req.stdin and #req.stdin > 0 then
+      core.spawn(function() s:send(req.stdin) end)
+    end
+  end)
+  local limit = req.chunk_limit or 1 << 20
+  local serr, scode
+  s, serr, scode = session_mod.open {
+    url = out.session.streamUrl, token = out.session.tokenValue, pol = pol,
+    on_output = function(bytes) filter.feed(bytes) end,
+    room = req.chunks and function()
+      local queued = sink:push("stdout", "")
+      return queued == nil or queued <= limit
+    end or nil,
+  }
+  if not s then return nil, serr, scode end
+  job.session = s
+  h.sessions[s] = true
+  core.spawn(function()
+    local r = s:wait()
+    h.sessions[s] = nil
+    filter.flush()
+    job.exit_code = filter.exit_code
+    if r.reason == "closed" then
+      if r.exit_code and not job.exit_code then job.exit_code = r.exit_code end
+      sink:finish()
+    elseif r.reason == "cancelled" then
+      sink:finish()
+    else
+      -- The channel is gone but the command may still run: kill it there.
+      if r.reason == "disconnected" and not h.destroyed and job.exit_code == nil then
+        local kok, kerr = M.kill(h, job, "KILL")
+        if kok then r.message = r.message .. "; the command was killed"
+        else r.message = r.message .. "; killing the command failed: " .. tostring(kerr) end
+      end
+      sink:finish(r.code or r.reason, r.message)
+    end
+  end)
+  return job
+end
+
+-- finish(handle, job) -> exit_code | nil, message, code
+function M.finish(_, job)
+  if job.exit_code then return job.exit_code end
+  return nil, "the command ended without reporting its exit status (killed, or the shell wrapper could not run)", "no_exit_code"
+end
+
+-- kill(handle, job, signal) -> true | nil, message, code
+function M.kill(h, job, signal)
+  signal = tostring(signal or "KILL"):gsub("^SIG", "")
+  local req = {
+    argv = require("sbx.box").kill_argv(signal, job.marker), env = {},
+    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 0, tail = 0 }, output = { head = 1024, tail = 0 } },
+  }
+  local kjob, err, code = M.start(h, req)
+  if not kjob then return nil, err, code end
+  if kjob.stream:wait(h.f.ssm.connect_timeout) ~= "eof" then
+    kjob.stream:close()
+    if kjob.session then kjob.session:close() end
+    return nil, "the kill command did not finish", "timeout"
+  end
+  local info = kjob.stream:info()
+  if info.error_code then return nil, info.error, info.error_code end
+  if kjob.exit_code ~= 0 then
+    return nil, string.format("the kill command failed (exit %s): %s", tostring(kjob.exit_code),
+      (kjob.stream:captured("output"))), "kill_failed"
+  end
+  return true
+end
+
+-- restart(handle): a Fargate task cannot be restarted in place.
+function M.restart()
+  return nil, "a Fargate box cannot be restarted in place; close it and create a new one", "unsupported"
+end
+
+-- Reaper --------------------------------------------------------------------------------------
+
+-- reap(opts) -> { removed = {...}, kept = n }: stops sbx tasks (startedBy
+-- policy.fargate.started_by) whose owner process is gone (same host) or
+-- whose deadline has passed. opts.all stops every sbx task of the cluster.
+function M.reap(opts)
+  opts = opts or {}
+  local f = fspec(opts)
+  local c, err, code = get_clients(f)
+  if not c then return nil, err, code end
+  local arns, token = {}, nil
+  repeat
+    local out, lerr, lcode = c.ecs:call("ListTasks", {
+      cluster = f.cluster, startedBy = f.started_by, desiredStatus = "RUNNING", nextToken = token,
+    })
+    if not out then
+      if lcode == "ClusterNotFoundException" then return { removed = {}, kept = 0 } end
+      return nil, lerr, lcode
+    end
+    for _, a in ipairs(out.taskArns or {}) do arns[#arns + 1] = a end
+    token = out.nextToken
+  until not token
+  local report, tasks = { removed = {}, kept = 0 }, {}
+  local now = os.time()
+  for i = 1, #arns, 100 do
+    local batch = table.move(arns, i, math.min(i + 99, #arns), 1, {})
+    local out, derr, dcode = c.ecs:call("DescribeTasks", { cluster = f.cluster, tasks = json.array(batch), include = json.array { "TAGS" } })
+    if not out then return nil, derr, dcode end
+    for _, t in ipairs(out.tasks or {}) do
+      local tg = {}
+      for _, kv in ipairs(t.tags or {}) do tg[kv.key] = kv.value end
+      local dead
+      if tg["sbx"] ~= "1" then
+        dead = nil
+      elseif opts.all then
+        dead = "all"
+      else
+        dead = owner.orphan_reason(tg["sbx.owner.host"], tg["sbx.owner.pid"], tg["sbx.owner.start"], tg["sbx.deadline"], now)
+      end
+      if dead then
+        report.removed[#report.removed + 1] = { id = t.taskArn, name = task_id(t.taskArn), reason = dead }
+        tasks[#tasks + 1] = core.spawn(stop_task, c, f, t.taskArn)
+      else
+        report.kept = report.kept + 1
+      end
+    end
+  end
+  for _, t in ipairs(tasks) do t:join() end
+  return report
+end
+
+return M
