@@ -8,9 +8,11 @@ usage: sbx [--policy FILE|NAME] COMMAND [ARGS...]
 
 commands:
   run SCRIPT [ARGS...]   run a Lua script with the sbx module (arg holds ARGS)
-  reap [--all] [--dry-run]
+  reap [--all] [--dry-run] [--backend B] [--cluster C]
                          remove boxes whose owner process is gone or whose
-                         lifetime has passed (--all: every sbx box)
+                         lifetime has passed (--all: every sbx box;
+                         --dry-run: only list them; B: docker or fargate,
+                         default the policy's; C: the ECS cluster)
   tools [--format F] [--strict|--no-strict]
                          print the tools the policy defines, as the value of
                          a request's tools field; F: openai, openai-responses,
@@ -72,17 +74,24 @@ end
 
 function commands.reap(args)
   local opts = {}
-  for _, a in ipairs(args) do
+  local i = 1
+  while args[i] do
+    local a = args[i]
     if a == "--all" then opts.all = true
     elseif a == "--dry-run" then opts.dry_run = true
-    else err("reap: unknown option ", a) return 2 end
+    elseif (a == "--backend" or a == "--cluster") and args[i + 1] then
+      opts[a:sub(3)] = args[i + 1]
+      i = i + 1
+    else err("reap: unknown option or missing value: ", a) return 2 end
+    i = i + 1
   end
   local report, rerr = sbx.reap(opts)
   if not report then err(rerr) return 1 end
   for _, r in ipairs(report.removed) do
-    print(string.format("removed %s (%s)", r.name, r.reason))
+    print(string.format("%s %s (%s)", opts.dry_run and "would remove" or "removed", r.name, r.reason))
   end
-  print(string.format("reaped %d box(es); %d kept (owner alive)", #report.removed, report.kept))
+  print(string.format("%s %d box(es); %d kept (owner alive)", opts.dry_run and "would reap" or "reaped",
+    #report.removed, report.kept))
   return 0
 end
 

@@ -373,7 +373,8 @@ end
 
 -- reap(opts) -> { removed = {...}, kept = n }: removes boxes whose owner
 -- process is gone (same host: pid and start time no longer match) or whose
--- deadline has passed (any host). opts.all removes every sbx box.
+-- deadline has passed (any host). opts.all removes every sbx box; opts.dry_run
+-- only reports what would go.
 function M.reap(opts)
   opts = opts or {}
   local d, err, code = M.connect(opts.docker_host)
@@ -395,8 +396,10 @@ function M.reap(opts)
     if dead then
       local name = (c.Names and c.Names[1] or c.Id):gsub("^/", "")
       report.removed[#report.removed + 1] = { id = c.Id, name = name, reason = dead }
-      tasks[#tasks + 1] = core.spawn(call, d, "DELETE", "/containers/" .. c.Id .. "?force=true&v=true", nil,
-        { ok = { [404] = true, [409] = true } })
+      if not opts.dry_run then
+        tasks[#tasks + 1] = core.spawn(call, d, "DELETE", "/containers/" .. c.Id .. "?force=true&v=true", nil,
+          { ok = { [404] = true, [409] = true } })
+      end
     else
       report.kept = report.kept + 1
     end

@@ -614,7 +614,8 @@ end
 
 -- reap(opts) -> { removed = {...}, kept = n }: stops sbx tasks (startedBy
 -- policy.fargate.started_by) whose owner process is gone (same host) or
--- whose deadline has passed. opts.all stops every sbx task of the cluster.
+-- whose deadline has passed. opts.all stops every sbx task of the cluster;
+-- opts.dry_run only reports.
 function M.reap(opts)
   opts = opts or {}
   local f = fspec(opts)
@@ -651,7 +652,7 @@ function M.reap(opts)
       end
       if dead then
         report.removed[#report.removed + 1] = { id = t.taskArn, name = task_id(t.taskArn), reason = dead }
-        tasks[#tasks + 1] = core.spawn(stop_task, c, f, t.taskArn)
+        if not opts.dry_run then tasks[#tasks + 1] = core.spawn(stop_task, c, f, t.taskArn) end
       else
         report.kept = report.kept + 1
       end
