@@ -92,6 +92,129 @@ function H.start_python_server(source)
   return "http://127.0.0.1:" .. port, port, stop
 end
 
+-- The AWS stand-in (scripts/aws-standin) ------------------------------------
+
+local function shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function slurp(path)
+  local f = io.open(path)
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local Standin = {}
+Standin.__index = Standin
+
+-- s:state() -> the decoded GET /_standin/state | nil, message, code
+function Standin:state()
+  return require("sbx.httpc").json { url = self.url .. "/_standin/state", timeout = 30 }
+end
+
+-- s:faults(t) -> the fault switches after the change | nil, message, code.
+-- t: { throttle = n, error5xx = n, agent_never_connects = bool, ... }
+function Standin:faults(t)
+  return require("sbx.httpc").json { url = self.url .. "/_standin/faults", json = sbx.json.object(t or {}),
+    timeout = 10 }
+end
+
+-- Its stderr so far (log lines with --verbose, tracebacks).
+function Standin:log()
+  return slurp(self.files.err) or ""
+end
+
+-- s:stop([timeout]) -> exit status | nil, "timeout". SIGTERM (the stand-in
+-- removes its containers then), and waits until the process is gone.
+-- Idempotent.
+function Standin:stop(timeout)
+  if self.status ~= nil then return self.status end
+  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+  local deadline = sbx.now() + (timeout or 30)
+  while sbx.now() < deadline do
+    local rc = slurp(self.files.rc)
+    if rc and rc:match("%d") then
+      self.status = tonumber(rc:match("%d+"))
+      for _, f in pairs(self.files) do os.remove(f) end
+      return self.status
+    end
+    sbx.sleep(0.05)
+  end
+  return nil, "timeout"
+end
+
+-- The option value after flag in a list of arguments, or nil.
+local function arg_value(args, flag)
+  for i, a in ipairs(args) do
+    if a == flag then return args[i + 1] end
+    local v = a:match("^" .. flag:gsub("%-", "%%-") .. "=(.*)$")
+    if v then return v end
+  end
+end
+
+--[[
+H.standin([args]) -> standin | nil, message
+  Starts scripts/aws-standin --port 0 <args> (a list of strings) in the
+  background and waits for the URL it prints. The standin has .url, .port,
+  .pid, .credentials ({access_key, secret_key, session_token} it accepts,
+  for sbx.aws), :state(), :faults(t), :log() and :stop(). A watcher stops it
+  (SIGTERM) as soon as this test process is gone, however it ends, so no
+  container outlives the test. SBX_STANDIN overrides the script's path.
+]]
+function H.standin(args)
+  args = args or {}
+  local script = os.getenv("SBX_STANDIN") or "scripts/aws-standin"
+  local base = os.tmpname()
+  local files = { out = base .. ".out", err = base .. ".err", pid = base .. ".pid", rc = base .. ".rc", base = base }
+  local argv = { shell_quote(script), "--port", "0" }
+  for _, a in ipairs(args) do argv[#argv + 1] = shell_quote(a) end
+  -- The watcher: reaps the stand-in (so "gone" is observable through the rc
+  -- file) and sends SIGTERM once the test process no longer exists.
+  local watcher = string.format([[
+%s >%s 2>%s & s=$!
+echo $s >%s
+( while kill -0 %d 2>/dev/null; do sleep 0.5; done; kill -TERM $s 2>/dev/null ) & w=$!
+wait $s; echo $? >%s.tmp; mv %s.tmp %s
+kill $w 2>/dev/null]],
+    table.concat(argv, " "), shell_quote(files.out), shell_quote(files.err), shell_quote(files.pid),
+    sbx.core.pid(), shell_quote(files.rc), shell_quote(files.rc), shell_quote(files.rc))
+  os.execute("sh -c " .. shell_quote(watcher) .. " >/dev/null 2>&1 </dev/null &")
+  local function cleanup()
+    for _, f in pairs(files) do os.remove(f) end
+  end
+  local pid, url
+  local deadline = sbx.now() + 60
+  while sbx.now() < deadline do
+    pid = pid or tonumber((slurp(files.pid) or ""):match("%d+"))
+    url = (slurp(files.out) or ""):match("^(http://[^\n]+)\n")
+    if pid and url then break end
+    local rc = slurp(files.rc)
+    if rc and rc:match("%d") then
+      local err = slurp(files.err) or ""
+      cleanup()
+      return nil, "aws-standin exited (" .. rc:match("%d+") .. ") before it was ready: " .. err
+    end
+    sbx.sleep(0.05)
+  end
+  if not url then
+    if pid then os.execute("kill -TERM " .. pid .. " 2>/dev/null") end
+    return nil, "aws-standin printed no URL within 60 s: " .. (slurp(files.err) or "")
+  end
+  return setmetatable({
+    url = url,
+    port = tonumber(url:match(":(%d+)$")),
+    pid = pid,
+    files = files,
+    credentials = {
+      access_key = arg_value(args, "--access-key") or "AKIDSTANDIN",
+      secret_key = arg_value(args, "--secret-key") or "standin-secret",
+      session_token = arg_value(args, "--session-token"),
+    },
+  }, Standin)
+end
+
 -- Resident set size of this process in KiB (VmRSS) and its peak (VmHWM).
 function H.rss()
   local f = io.open("/proc/self/status")
