@@ -320,4 +320,32 @@ policy.fargate = {
   },
 }
 
+-- AWS service calls (sbx.aws.client), retried as botocore's "standard" mode.
+-- A client's own options (retry = {...}, timeout =) win over these.
+policy.aws = {
+  max_attempts = 5,             -- attempts per call, the first one included
+  backoff_base = 0.1,           -- seconds; delay = random(0, min(cap, base * 2^(attempt-1)))
+  backoff_cap = 5,              -- seconds
+  timeout = 30,                 -- seconds per attempt, the whole transfer
+  connect_timeout = 10,         -- seconds per attempt to connect
+  -- Temporary credentials are fetched again when this many seconds or fewer
+  -- remain; if that fails they are still used until `refresh_mandatory`.
+  refresh_advisory = 15 * 60,
+  refresh_mandatory = 10 * 60,
+  -- Error codes worth another attempt (sets: a policy may add or drop one).
+  throttling_codes = {
+    Throttling = true, ThrottlingException = true, ThrottledException = true,
+    RequestThrottledException = true, TooManyRequestsException = true,
+    ProvisionedThroughputExceededException = true, TransactionInProgressException = true,
+    RequestLimitExceeded = true, BandwidthLimitExceeded = true, LimitExceededException = true,
+    RequestThrottled = true, SlowDown = true, PriorRequestNotComplete = true,
+    EC2ThrottledException = true,
+  },
+  transient_codes = { RequestTimeout = true, RequestTimeoutException = true },
+  retry_statuses = { [500] = true, [502] = true, [503] = true, [504] = true },
+  -- Transport failures (core.http codes): refused, reset or cut, timed out.
+  -- A timed-out request may have been carried out; botocore retries it too.
+  retry_transport = { ECONNREFUSED = true, closed = true, timeout = true },
+}
+
 return policy
