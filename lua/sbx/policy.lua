@@ -279,6 +279,8 @@ policy.fargate = {
   cluster = "sbx",                      -- created when missing
   region = nil,                         -- nil: the AWS region chain (AWS_REGION, AWS_DEFAULT_REGION, profile)
   profile = nil,                        -- nil: AWS_PROFILE / default
+  credentials = nil,                    -- { access_key=, secret_key=, session_token= }; nil: the chain
+  endpoint_url = nil,                   -- one URL for ECS and IAM (a stand-in); nil: AWS_ENDPOINT_URL_* or AWS
   cpu = "1024",                         -- task CPU units, as ECS spells them
   memory = "2048",                      -- task memory in MiB, as ECS spells them
   container = "sbx",                    -- the container name in the task definition

@@ -57,10 +57,11 @@ end
 
 local function get_clients(spec)
   local aws = require "sbx.aws.client"
-  local key = tostring(spec.region) .. "|" .. tostring(spec.profile)
+  local key = table.concat({ tostring(spec.region), tostring(spec.profile), tostring(spec.endpoint_url),
+    spec.credentials and tostring(spec.credentials.access_key) or "" }, "|")
   local c = clients[key]
   if c then return c end
-  local opts = { region = spec.region, profile = spec.profile, credentials = spec.credentials }
+  local opts = { region = spec.region, profile = spec.profile, credentials = spec.credentials, endpoint = spec.endpoint_url }
   local ecs, err, code = aws.new("ecs", opts)
   if not ecs then return nil, err, code end
   local iam, ierr, icode = aws.new("iam", opts)
