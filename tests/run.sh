@@ -60,6 +60,7 @@ if command -v node >/dev/null && [ -d tests/sdk/node_modules ]; then
 fi
 # The AWS stand-in, driven by the official Python client (botocore).
 run_one standin_botocore /usr/bin/python3 tests/standin_botocore_test.py
+run_one standin_ssm /usr/bin/python3 tests/standin_ssm_test.py
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
