@@ -708,6 +708,25 @@ def main():
        f"state counts the resends ({st['resends']}) and frames ({st['framesSent']})", st)
     c.close()
 
+    # only the oldest unacked message is resent: seq 1 waits until seq 0 is acked (on its 3rd copy)
+    s = exec_cmd("sh -c 'echo a; sleep 0.1; echo b'")
+    holder = {}
+
+    def ack_zero_late(m):
+        c_ = holder["c"]
+        return m["sequence_number"] == 0 and sum(1 for _, x in c_.arrivals if x["sequence_number"] == 0) >= 3
+
+    c = Client(s, ack=ack_zero_late, start=False)
+    holder["c"] = c
+    c.start()
+    c.wait_end(timeout=20)
+    q = c.seqs()
+    third0 = [i for i, x in enumerate(q) if x == 0][2] if q.count(0) >= 3 else len(q)
+    ones = [i for i, x in enumerate(q) if x == 1]
+    ok(q.count(0) == 3 and len(ones) >= 2 and all(i > third0 for i in ones[1:]) and c.text() == b"a\r\nb\r\n",
+       f"only the oldest unacked message is resent; seq 1 only after seq 0 is acked ({q})")
+    c.close()
+
     # ---------------- input
     s = exec_cmd("cat")
     c = Client(s)
@@ -725,8 +744,11 @@ def main():
        "agent ack: seq 0, flags 3, PayloadType 0, JSON keys in Go's order, our MessageId", a and a[0][1])
     # a duplicate of an already delivered message is re-acked and not written again
     before = len(c.agent_acks)
-    c.ws.send(0x2, cm_build("input_stream_data", sent["sequence_number"], 0, 1, b"hello\r"))
-    c.wait(lambda: len(c.agent_acks) > before, 5)
+    dup = cm_build("input_stream_data", sent["sequence_number"], 0, 1, b"hello\r")
+    c.ws.send(0x2, dup)
+    ok(c.wait(lambda: len(c.agent_acks) > before, 5)
+       and c.agent_acks[-1][1]["AcknowledgedMessageId"] == cm_parse(dup)["message_id"],
+       "a duplicate input (seq below the expected one) is re-acked")
     # ahead-of-order: seq+2 first, then seq+1; the process must see them in order
     base = c.my_seq
     c.my_seq += 2
