@@ -300,6 +300,9 @@ policy.fargate = {
   poll_interval = 0.5,                  -- seconds between DescribeTasks polls (one call for all waiting boxes)
   exec_connect_timeout = 30,            -- seconds ExecuteCommand is retried on TargetNotConnectedException
   stop_reason = "sbx: box closed",
+  -- A command whose data channel drops is killed in the task, by a new
+  -- session; tried this many times, this many seconds apart.
+  drop_kill_attempts = 3, drop_kill_delay = 1,
   started_by = "sbx",                   -- RunTask startedBy; the reaper lists tasks by it
   -- The SSM data channel.
   ssm = {

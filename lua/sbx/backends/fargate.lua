@@ -566,8 +566,13 @@ function M.start(h, req)
       sink:finish()
     else
       -- The channel is gone but the command may still run: kill it there.
-      if r.reason == "disconnected" and not h.destroyed and job.exit_code == nil then
-        local kok, kerr = M.kill(h, job, "KILL")
+      if r.reason == "disconnected" and not h.destroyed and job.exit_code == nil and not req.is_kill then
+        local kok, kerr
+        for attempt = 1, h.f.drop_kill_attempts do
+          kok, kerr = M.kill(h, job, "KILL")
+          if kok or h.destroyed then break end
+          if attempt < h.f.drop_kill_attempts then core.sleep(h.f.drop_kill_delay) end
+        end
         if kok then r.message = r.message .. "; the command was killed"
         else r.message = r.message .. "; killing the command failed: " .. tostring(kerr) end
       end
@@ -587,7 +592,7 @@ end
 function M.kill(h, job, signal)
   signal = tostring(signal or "KILL"):gsub("^SIG", "")
   local req = {
-    argv = require("sbx.box").kill_argv(signal, job.marker), env = {},
+    argv = require("sbx.box").kill_argv(signal, job.marker), env = {}, is_kill = true,
     capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 0, tail = 0 }, output = { head = 1024, tail = 0 } },
   }
   local kjob, err, code = M.start(h, req)
