@@ -33,6 +33,24 @@ function M.identity()
   return me
 end
 
+-- The labels (Docker) or tags (ECS) every box carries: owner, creation
+-- time, deadline (creation + lifetime seconds), sbx version, then extra.
+function M.labels(lifetime, extra)
+  local o = M.identity()
+  local now = os.time()
+  local t = {
+    ["sbx"] = "1",
+    ["sbx.owner.pid"] = o.pid,
+    ["sbx.owner.start"] = o.start,
+    ["sbx.owner.host"] = o.host,
+    ["sbx.created"] = tostring(now),
+    ["sbx.deadline"] = tostring(now + math.floor(lifetime)),
+    ["sbx.version"] = require("sbx").core.version,
+  }
+  for k, v in pairs(extra or {}) do t[k] = tostring(v) end
+  return t
+end
+
 -- Why a box with these owner fields is an orphan, or nil when it is not.
 -- deadline is epoch seconds (or nil); a box of another host is judged only
 -- by its deadline, because its owner's process table is not ours to read.

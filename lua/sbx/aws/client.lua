@@ -90,12 +90,7 @@ M.services = {
 
 -- Small helpers ---------------------------------------------------------------
 
-local function getenv(opts, name)
-  local v
-  if opts.env then v = opts.env[name] else v = os.getenv(name) end
-  if v == "" then return nil end
-  return v
-end
+local getenv = credentials.getenv
 
 -- s with every literal secret replaced. secrets comes longest first (as
 -- secrets_of sorts it), so a secret that contains another is not half-replaced.

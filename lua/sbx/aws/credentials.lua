@@ -17,12 +17,15 @@ local M = {}
 
 local CODE = "no_credentials"
 
+-- An environment variable from opts.env when given (tests, embedders), else
+-- the process environment; empty counts as unset.
 local function getenv(opts, name)
   local v
   if opts.env then v = opts.env[name] else v = os.getenv(name) end
   if v == "" then return nil end
   return v
 end
+M.getenv = getenv
 
 local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
 

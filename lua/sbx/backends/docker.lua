@@ -152,7 +152,6 @@ end
 
 local owner = require "sbx.owner"
 M.proc_start = owner.proc_start
-local owner_labels = owner.identity
 
 -- Lifecycle -------------------------------------------------------------------
 
@@ -170,18 +169,7 @@ local function env_pairs(t)
 end
 
 local function create_body(spec, pol, d)
-  local o = owner_labels()
-  local now = os.time()
-  local labels = {
-    ["sbx"] = "1",
-    ["sbx.owner.pid"] = o.pid,
-    ["sbx.owner.start"] = o.start,
-    ["sbx.owner.host"] = o.host,
-    ["sbx.created"] = tostring(now),
-    ["sbx.deadline"] = tostring(now + math.floor(spec.lifetime)),
-    ["sbx.version"] = core.version,
-  }
-  for k, v in pairs(spec.labels or {}) do labels[k] = tostring(v) end
+  local labels = owner.labels(spec.lifetime, spec.labels)
   local host = {
     Init = spec.init and true or false,
     NetworkMode = spec.network,

@@ -271,18 +271,7 @@ end
 -- Lifecycle ---------------------------------------------------------------------------------
 
 local function tags(f)
-  local o = owner.identity()
-  local now = os.time()
-  local t = {
-    ["sbx"] = "1",
-    ["sbx.owner.pid"] = o.pid,
-    ["sbx.owner.start"] = o.start,
-    ["sbx.owner.host"] = o.host,
-    ["sbx.created"] = tostring(now),
-    ["sbx.deadline"] = tostring(now + math.floor(f.lifetime)),
-    ["sbx.version"] = core.version,
-  }
-  for k, v in pairs(f.labels or {}) do t[k] = tostring(v) end
+  local t = owner.labels(f.lifetime, f.labels)
   local l = {}
   for k, v in pairs(t) do l[#l + 1] = { key = k, value = v } end
   table.sort(l, function(a, b) return a.key < b.key end)
@@ -365,7 +354,8 @@ function M.create(spec)
   }
   local ok, running, werr, wcode = pcall(wait_running, c, f, task.taskArn)
   if not ok then
-    M.destroy(h, true)            -- interrupted or cancelled: stop it anyway
+    -- Interrupted or cancelled: the task exists, so stop it before going on.
+    pcall(M.destroy, h)
     error(running, 0)
   end
   if not running then
