@@ -4,7 +4,7 @@
 #   make check      the suite again under ASan+UBSan
 #   make test-podman  the suite against Podman's Docker-compatible API
 #   make install PREFIX=/usr/local
-PKGS      := lua5.4 libcurl libcjson libuv openssl
+PKGS      := lua5.4 libcurl libcjson libuv openssl libwebsockets
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
@@ -18,7 +18,7 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wundef -Wwrite-strings \
              -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=gnu11 -fPIC $(WARN) $(shell pkg-config --cflags $(PKGS))
-LIBS      := $(shell pkg-config --libs libcurl libcjson libuv openssl)
+LIBS      := $(shell pkg-config --libs libcurl libcjson libuv openssl libwebsockets)
 LUALIB    := $(shell pkg-config --libs lua5.4)
 ifeq ($(SANITIZE),1)
 CFLAGS    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -26,7 +26,7 @@ LDFLAGS   += -fsanitize=address,undefined
 endif
 
 LIB_SRCS  := src/host.c src/http.c src/json.c src/stream.c src/text.c \
-             src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c
+             src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o
 

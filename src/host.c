@@ -746,7 +746,13 @@ host_teardown(struct sbx_host *h)
   sbx_http_shutdown(h);
   uv_close((uv_handle_t *)&h->sig_int, NULL);
   uv_close((uv_handle_t *)&h->sig_term, NULL);
-  uv_run(&h->loop, UV_RUN_DEFAULT);
+  /* lws last: it closes its handles through the running loop and frees
+  ** itself only on a second destroy once the loop ran dry. A wake above
+  ** leaves a uv_stop pending that ends the first run at once: run again. */
+  sbx_ws_shutdown(h);
+  while (uv_run(&h->loop, UV_RUN_DEFAULT) != 0)
+    ;
+  sbx_ws_free(h);
   if (uv_loop_close(&h->loop) != 0) {
     uv_run(&h->loop, UV_RUN_NOWAIT);
     uv_loop_close(&h->loop);
@@ -881,6 +887,8 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "ssm");
   sbx_open_lines(L);
   lua_setfield(L, -2, "lines");
+  sbx_open_ws(L);
+  lua_setfield(L, -2, "ws");
   lua_pushstring(L, SBX_VERSION);
   lua_setfield(L, -2, "version");
   return 1;

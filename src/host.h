@@ -48,6 +48,7 @@ struct sbx_host {
   int interrupt_pending;          /* an interrupt not yet delivered */
   int last_signal;
   struct sbx_http *http;          /* libcurl multi on the loop, lazily */
+  struct sbx_ws *ws;              /* libwebsockets context on the loop, lazily */
   int closed;
 };
 
@@ -92,6 +93,10 @@ int sbx_open_text(lua_State *L);
 int sbx_open_sigv4(lua_State *L);
 int sbx_open_ssm(lua_State *L);
 int sbx_open_lines(lua_State *L);
+int sbx_open_ws(lua_State *L);
 void sbx_http_shutdown(struct sbx_host *h);
+/* lws goes last, in two halves: before the final uv_run and after it. */
+void sbx_ws_shutdown(struct sbx_host *h);
+void sbx_ws_free(struct sbx_host *h);
 
 #endif
