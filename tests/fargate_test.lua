@@ -1,0 +1,265 @@
+-- Fargate boxes end to end against the AWS stand-in: ECS and IAM over SigV4,
+-- RunTask into a real container, commands over the SSM data channel
+-- (websocket, acks, resends), the same box and tool surface as Docker, the
+-- fault switches, destroy and reap.
+local tap = require "tap"
+local sbx = require "sbx"
+local H = require "helper"
+
+local st = assert(H.standin())
+local SUBNETS = { "subnet-0standin" }
+
+sbx.use_policy {
+  fargate = {
+    endpoint_url = st.url, credentials = st.credentials, region = "us-east-1",
+    subnets = SUBNETS, security_groups = { "sg-0standin" },
+    poll_interval = 0.1, start_timeout = 60, exec_connect_timeout = 10,
+  },
+}
+
+local function state() return assert(st:state()) end
+
+local function task_of(box)
+  for _, t in ipairs(state().tasks) do
+    if t.taskArn == box.handle.arn then return t end
+  end
+end
+
+local function session_stats()
+  local tot = { resends = 0, frames = 0 }
+  for _, s in ipairs(state().sessions) do
+    tot.resends = tot.resends + (s.resends or 0)
+    tot.frames = tot.frames + (s.frames_sent or 0)
+  end
+  return tot
+end
+
+-- Creation -------------------------------------------------------------------
+
+local t0 = sbx.now()
+local box, err, code = sbx.box { backend = "fargate", image = H.busybox }
+tap.ok(box, "a Fargate box is created", tostring(err) .. " " .. tostring(code))
+if not box then
+  tap.diag(st:log())
+  st:stop()
+  tap.done()
+  return
+end
+local r = assert(box:exec("echo hello"))
+tap.diag(string.format("create to first command: %.3f s", sbx.now() - t0))
+tap.is(r.stdout, "hello\n", "first command: output, with the PTY's CR-LF gone")
+tap.is(r.exit_code, 0, "first command: exit code 0")
+
+local s = state()
+tap.is(#s.clusters, 1, "the cluster was created")
+local roles = {}
+for _, role in ipairs(s.roles) do roles[role.RoleName or role.roleName or role.name] = role end
+tap.ok(roles["sbx-task-role"] and roles["sbx-execution-role"], "task and execution roles were created")
+local t = task_of(box)
+tap.ok(t, "the task is known to ECS")
+if t then
+  local tags = {}
+  for _, kv in ipairs(t.tags or {}) do tags[kv.key] = kv.value end
+  tap.is(tags["sbx.owner.pid"], tostring(sbx.core.pid()), "tag: owner pid")
+  tap.ok(tonumber(tags["sbx.deadline"]) and tonumber(tags["sbx.deadline"]) > os.time(), "tag: deadline in the future")
+  tap.ok(tags["sbx.owner.host"] and tags["sbx.created"], "tags: owner host and creation time")
+  tap.is(t.enableExecuteCommand, true, "RunTask asked for execute-command")
+  tap.is(t.launchType, "FARGATE", "launch type FARGATE")
+end
+
+-- Commands -----------------------------------------------------------------------
+
+r = assert(box:exec("echo out; echo err >&2; exit 3"))
+tap.is(r.exit_code, 3, "a non-zero exit code is reported (the original never did)")
+tap.is(r.output, "out\nerr\n", "stdout and stderr arrive interleaved (one PTY)")
+
+r = assert(box:exec("printf 'a\\tb\\r\\nc'"))
+tap.is(r.stdout, "a\tb\r\nc", "the command's own CR-LF and tabs pass unchanged (raw PTY)")
+
+r = assert(box:exec("printf '\\377\\376ok'"))
+tap.is(r.stdout, "\u{FFFD}\u{FFFD}ok", "non-UTF-8 bytes are replaced, the rest kept")
+
+r = assert(box:exec("head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END"))
+tap.is(r.exit_code, 0, "3 MB of output: exit 0")
+tap.ok(r.truncated, "3 MB of output is truncated by the capture policy")
+tap.like(r.stdout, "END\n$", "and its tail is kept")
+tap.is(r.stdout_bytes, 3000005, "every byte is counted")
+
+r = assert(box:exec("pwd; echo $FOO", { cwd = "/tmp", env = { FOO = "b a'r" } }))
+tap.is(r.stdout, "/tmp\nb a'r\n", "cwd and env")
+
+local chunks = {}
+r = assert(box:exec("for i in 1 2 3; do echo $i; sleep 0.2; done", {
+  on_output = function(_, text) chunks[#chunks + 1] = text end }))
+tap.ok(#chunks >= 2, "on_output streams the output as it comes (" .. #chunks .. " chunks)")
+tap.is(table.concat(chunks), "1\n2\n3\n", "and streamed output is whole")
+
+-- stdin over the data channel: all 256 byte values, through a raw PTY.
+local all = {}
+for i = 0, 255 do all[#all + 1] = string.char(i) end
+local blob = table.concat(all):rep(40)   -- 10 KiB, ten 1 KiB input messages
+tap.ok(box:write_file("/tmp/blob", blob), "write_file of 10 KiB binary")
+tap.is(box:read_file("/tmp/blob"), blob, "read_file returns every byte value unchanged")
+
+-- A timeout kills the command (the original left it running).
+r = assert(box:exec("sleep 300; echo never", { timeout = 1 }))
+tap.ok(r.timed_out, "timeout is reported")
+tap.is(r.exit_code, nil, "no exit code for a killed command")
+local ps = assert(box:exec("ps -o args | grep -c '[s]leep 300' || true"))
+tap.is(ps.stdout, "0\n", "the timed-out command no longer runs in the task")
+
+tap.is(session_stats().resends, 0, "sbx acks every agent frame: no resends under normal conditions")
+
+-- Background processes (the original had none).
+local name = assert(box:spawn("for i in 1 2 3; do echo tick $i; sleep 0.1; done; exit 4", { name = "ticker" }))
+tap.is(name, "ticker", "spawn names the process")
+local view = assert(box:wait("ticker", 20))
+tap.is(view.status, "exited", "background process exits")
+tap.is(view.exit_code, 4, "with its exit code")
+tap.is(box:output("ticker").text, "tick 1\ntick 2\ntick 3\n", "background output is kept")
+assert(box:spawn("sleep 500", { name = "sleeper" }))
+sbx.sleep(0.5)
+local k = assert(box:kill("sleeper"))
+tap.is(k.status, "killed", "kill a background process")
+ps = assert(box:exec("ps -o args | grep -c '[s]leep 500' || true"))
+tap.is(ps.stdout, "0\n", "the killed process is gone from the task")
+
+-- The model's tools: the same surface and formatting as Docker.
+local tools = box:tools()
+local text, is_error = sbx.tools.call(tools, "bash", { command = "echo tool; exit 2" })
+tap.like(text, "^%[Exit code: 2%]", "bash tool: exit code first")
+tap.like(text, "tool", "bash tool: output")
+tap.ok(not is_error, "a failing command is not a tool error")
+text = sbx.tools.call(tools, "bash", { command = "sleep 100", run_in_background = true, name = "bg" })
+tap.like(text, "bg", "bash tool: background start")
+text = sbx.tools.call(tools, "list_processes", {})
+tap.like(text, "bg", "list_processes shows it")
+text, is_error = sbx.tools.call(tools, "bash", { command = 42 })
+tap.ok(is_error, "malformed tool arguments are a tool error, not a crash")
+
+nr, kerr, kcode = box:exec("id", { user = "nobody" })
+tap.is(kcode, "unsupported", "a per-command user is refused clearly (ECS Exec has none)")
+
+-- Concurrency inside one box.
+local tasks = {}
+for i = 1, 10 do
+  tasks[i] = sbx.spawn(function() return assert(box:exec("echo " .. i)).stdout end)
+end
+local ok_all = true
+for i, tk in ipairs(tasks) do if sbx.wait(tk) ~= i .. "\n" then ok_all = false end end
+tap.ok(ok_all, "10 concurrent commands in one box, each with its own channel")
+
+-- Faults ---------------------------------------------------------------------------
+
+st:faults { dup_frames = true }
+r = assert(box:exec("seq 1 300"))
+local want = {}
+for i = 1, 300 do want[i] = tostring(i) end
+tap.is(r.stdout, table.concat(want, "\n") .. "\n", "duplicated frames: output exactly once")
+st:faults { dup_frames = false, reorder_frames = true }
+r = assert(box:exec("seq 1 300"))
+tap.is(r.stdout, table.concat(want, "\n") .. "\n", "reordered frames: output in order")
+st:faults { reorder_frames = false, drop_acks = 3 }
+r = assert(box:exec("seq 1 300"))
+tap.is(r.stdout, table.concat(want, "\n") .. "\n", "the agent ignoring our acks (so resending): output once")
+st:faults { drop_acks = 0, handshake = "session_type" }
+r = assert(box:exec("echo shook"))
+tap.is(r.stdout, "shook\n", "a SessionType handshake is answered")
+st:faults { handshake = "kms" }
+local nr, kerr, kcode = box:exec("echo secret")
+tap.is(nr, nil, "a KMS handshake is declined")
+tap.is(kcode, "kms_unsupported", "with a clear code")
+tap.like(tostring(kerr), "KMS", "and message")
+st:faults { handshake = "none", drop_ws_after = 6 }  -- the kill session itself sends fewer frames
+nr, kerr, kcode = box:exec("for i in $(seq 1 50); do echo line $i; sleep 0.05; done; sleep 101")
+tap.is(nr, nil, "a dropped websocket fails the command")
+tap.is(kcode, "disconnected", "with code disconnected")
+st:faults { drop_ws_after = 0 }
+ps = assert(box:exec("ps -o args | grep -c '[s]eq 1 50' || true"))
+tap.is(ps.stdout, "0\n", "and the command was killed, not left running")
+
+st:faults { throttle = 3 }
+r = assert(box:exec("echo after-throttle"))
+tap.is(r.stdout, "after-throttle\n", "throttled ECS calls are retried")
+
+-- One policy field switches a harness's backend.
+sbx.use_policy { box = { backend = "fargate", image = H.busybox } }
+local via_policy = sbx.box {}
+tap.is(via_policy and via_policy.backend_name, "fargate", "policy.box.backend = \"fargate\" is enough")
+tap.is(via_policy and assert(via_policy:exec("echo p")).stdout, "p\n", "and the box works")
+if via_policy then via_policy:close() end
+sbx.use_policy { box = { backend = "docker", image = "debian:bookworm-slim" } }
+
+-- Destroy ------------------------------------------------------------------------
+
+local second = assert(sbx.box { backend = "fargate", image = H.busybox })
+tap.is(second.handle.taskdef, box.handle.taskdef, "boxes with the same content share one task definition")
+local arn = box.handle.arn
+local td = box.handle.taskdef
+box:close()
+local stopped
+for _ = 1, 100 do
+  local tk
+  for _, x in ipairs(state().tasks) do if x.taskArn == arn then tk = x end end
+  if tk and (tk.desiredStatus == "STOPPED") then stopped = tk break end
+  sbx.sleep(0.1)
+end
+tap.ok(stopped, "close stops the task")
+local active
+for _, d in ipairs(state().taskDefinitions) do if d.taskDefinitionArn == td then active = d.status end end
+tap.is(active, "ACTIVE", "the shared task definition stays while another box uses it")
+second:close()
+for _, d in ipairs(state().taskDefinitions) do if d.taskDefinitionArn == td then active = d.status end end
+tap.is(active, "INACTIVE", "and is deregistered with its last box")
+
+-- A never-connecting exec agent: a clear error, and the task is stopped.
+sbx.use_policy { fargate = { start_timeout = 3 } }
+st:faults { agent_never_connects = true }
+local nb
+nb, kerr, kcode = sbx.box { backend = "fargate", image = H.busybox }
+tap.is(nb, nil, "a box whose exec agent never connects fails")
+tap.is(kcode, "agent_not_connected", "with code agent_not_connected")
+st:faults { agent_never_connects = false }
+sbx.use_policy { fargate = { start_timeout = 60 } }
+
+-- A missing image: the task stops, the error says why.
+nb, kerr, kcode = sbx.box { backend = "fargate", image = "sbx-no-such-image:1" }
+tap.is(nb, nil, "a missing image fails the box")
+tap.like(tostring(kerr), "CannotPullContainerError", "with ECS's stopped reason")
+
+-- Reap: a host killed with -9 leaves a task; sbx reap stops it.
+local idfile = os.tmpname()
+local child = string.format([[
+local sbx = require "sbx"
+sbx.use_policy { fargate = { endpoint_url = %q, credentials = { access_key = %q, secret_key = %q },
+  region = "us-east-1", subnets = { "subnet-0standin" }, poll_interval = 0.1 } }
+local b = assert(sbx.box { backend = "fargate", image = %q })
+local f = io.open(%q, "w"); f:write(b.handle.arn, "\n"); f:close()
+sbx.sleep(600)
+]], st.url, st.credentials.access_key, st.credentials.secret_key, H.busybox, idfile)
+local script = os.tmpname() .. ".lua"
+local f = assert(io.open(script, "w")); f:write(child); f:close()
+local pid = tonumber((H.sh(H.sbx_bin .. " run " .. script .. " >/dev/null 2>&1 & echo $!"):match("%d+")))
+local orphan
+for _ = 1, 300 do
+  local fh = io.open(idfile)
+  if fh then orphan = fh:read("l"); fh:close() end
+  if orphan and orphan ~= "" then break end
+  sbx.sleep(0.1)
+end
+tap.ok(orphan and orphan ~= "", "a child host made a Fargate box")
+H.sh("kill -9 " .. pid)
+sbx.sleep(0.3)
+local env = string.format("AWS_ENDPOINT_URL=%s AWS_ACCESS_KEY_ID=%s AWS_SECRET_ACCESS_KEY=%s AWS_REGION=us-east-1 ",
+  st.url, st.credentials.access_key, st.credentials.secret_key)
+local out = H.sh(env .. H.sbx_bin .. " reap --backend fargate --dry-run")
+tap.like(out, "would remove %x+ %(owner process " .. pid .. " is gone%)", "reap --dry-run finds the orphaned task")
+out = H.sh(env .. H.sbx_bin .. " reap --backend fargate")
+tap.like(out, "removed %x+", "sbx reap --backend fargate stops it")
+local desired
+for _, x in ipairs(state().tasks) do if x.taskArn == orphan then desired = x.desiredStatus end end
+tap.is(desired, "STOPPED", "the orphaned task is stopped")
+os.remove(idfile); os.remove(script)
+
+st:stop()
+tap.done()
