@@ -24,6 +24,10 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standin_common  # noqa: E402
+from standin_common import Tap, docker  # noqa: E402
 import uuid
 
 try:
@@ -44,26 +48,10 @@ IMAGE = os.environ.get("SBX_TEST_BUSYBOX", "sbx-busybox:latest")
 CLUSTER = "sbx-ssm"
 PING_INTERVAL = 0.5
 
-n = 0
-failed = 0
+T = Tap()
+ok = T.ok
+diag = T.diag
 
-
-def ok(cond, name, diag_=None):
-    global n, failed
-    n += 1
-    if cond:
-        print(f"ok {n} - {name}", flush=True)
-    else:
-        failed += 1
-        print(f"not ok {n} - {name}", flush=True)
-        if diag_ is not None:
-            diag(diag_)
-    return bool(cond)
-
-
-def diag(msg):
-    for line in str(msg).splitlines():
-        print(f"# {line}", flush=True)
 
 
 # ---------------- ClientMessage codec (this test's own, from the byte layout)
@@ -406,11 +394,7 @@ container_id = None
 
 
 def http_json(method, path, obj=None):
-    data = json.dumps(obj).encode() if obj is not None else None
-    rq = urllib.request.Request(url + path, data=data, method=method,
-                                headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(rq, timeout=10) as r:
-        return json.loads(r.read())
+    return standin_common.http_json(url, method, path, obj)
 
 
 def set_faults(**kw):
@@ -431,28 +415,6 @@ def wait_state(sid, pred, timeout=10):
         time.sleep(0.1)
         s = session_state(sid)
     return s
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=30)
-        self.unix_path = path
-
-    def connect(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(self.unix_path)
-        self.sock = s
-
-
-def docker(method, path):
-    c = UnixHTTPConnection("/var/run/docker.sock")
-    try:
-        c.request(method, path, headers={"Host": "docker"})
-        r = c.getresponse()
-        raw = r.read()
-        return r.status, (json.loads(raw) if raw[:1] in (b"{", b"[") else raw)
-    finally:
-        c.close()
 
 
 def exec_cmd(command, task=None, cluster=CLUSTER):
@@ -1112,20 +1074,4 @@ def main():
     c.close()
 
 
-try:
-    main()
-except Exception:
-    import traceback
-    failed += 1
-    n += 1
-    print(f"not ok {n} - unexpected exception")
-    diag(traceback.format_exc())
-finally:
-    if proc is not None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    print(f"1..{n}")
-    sys.exit(1 if failed else 0)
+standin_common.run(T, main, lambda: [proc])
