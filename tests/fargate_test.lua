@@ -192,7 +192,12 @@ sbx.use_policy { box = { backend = "docker", image = "debian:bookworm-slim" } }
 
 -- Destroy ------------------------------------------------------------------------
 
+st:faults { error5xx = 1, throttle = 2 }
+local calls_before = state().calls
 local second = assert(sbx.box { backend = "fargate", image = H.busybox })
+local calls_after = state().calls
+local function delta(op) return (calls_after[op] or 0) - (calls_before[op] or 0) end
+tap.is(delta("ecs.RunTask"), 4, "a box is still made through a 5xx error and throttling: RunTask retried 3 times")
 tap.is(second.handle.taskdef, box.handle.taskdef, "boxes with the same content share one task definition")
 local arn = box.handle.arn
 local td = box.handle.taskdef
