@@ -58,7 +58,9 @@ end
 local function get_clients(spec)
   local aws = require "sbx.aws.client"
   local key = table.concat({ tostring(spec.region), tostring(spec.profile), tostring(spec.endpoint_url),
-    spec.credentials and tostring(spec.credentials.access_key) or "" }, "|")
+    -- Explicit credentials count by a hash: a client never serves other keys.
+    spec.credentials and core.sigv4.sha256(tostring(spec.credentials.access_key) .. "\0" ..
+      tostring(spec.credentials.secret_key) .. "\0" .. tostring(spec.credentials.session_token)) or "" }, "|")
   local c = clients[key]
   if c then return c end
   local opts = { region = spec.region, profile = spec.profile, credentials = spec.credentials, endpoint = spec.endpoint_url }
