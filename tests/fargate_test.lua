@@ -250,6 +250,36 @@ nb, kerr, kcode = sbx.box { backend = "fargate", image = "sbx-no-such-image:1" }
 tap.is(nb, nil, "a missing image fails the box")
 tap.like(tostring(kerr), "CannotPullContainerError", "with ECS's stopped reason")
 
+-- The harness on Fargate: `sbx eval` with a policy file, nothing else changed.
+do
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir))
+  local pf = assert(io.open(dir .. "/fargate-policy.lua", "w"))
+  pf:write(string.format([[
+return { box = { backend = "fargate" },
+  fargate = { endpoint_url = %q, credentials = { access_key = %q, secret_key = %q },
+    region = "us-east-1", subnets = { "subnet-0standin" }, poll_interval = 0.1 } }
+]], st.url, st.credentials.access_key, st.credentials.secret_key))
+  pf:close()
+  local tf = assert(io.open(dir .. "/tasks.jsonl", "w"))
+  tf:write('{"id":"ok","files":{"/tmp/in.txt":"41"},"run":"echo $(( $(cat /tmp/in.txt) + 1 )) > /tmp/out.txt",'
+    .. '"check":"test \\"$(cat /tmp/out.txt)\\" = 42"}\n')
+  tf:write('{"id":"bad","run":"exit 5"}\n')
+  tf:close()
+  local text, status = H.sh(string.format("%s --policy %s eval %s --image %s --concurrency 2 --out %s",
+    H.sbx_bin, dir .. "/fargate-policy.lua", dir .. "/tasks.jsonl", H.busybox, dir .. "/out.jsonl"))
+  tap.is(status, 0, "sbx eval runs on Fargate with a policy file", text)
+  local verdicts = {}
+  for line in io.lines(dir .. "/out.jsonl") do
+    local res = sbx.json.decode(line)
+    verdicts[res.id] = res.status
+  end
+  tap.is(verdicts.ok, "passed", "eval on Fargate: files, run and check")
+  tap.is(verdicts.bad, "failed", "eval on Fargate: a failing task fails (it is no infrastructure error)")
+  os.execute("rm -rf " .. dir)
+end
+
 -- Reap: a host killed with -9 leaves a task; sbx reap stops it.
 local idfile = os.tmpname()
 local child = string.format([[
