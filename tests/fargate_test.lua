@@ -128,6 +128,19 @@ local stats = session_stats()
 tap.ok(stats.frames > 100 and stats.resends * 10 < stats.frames, "sbx acks agent frames: resends are rare",
   string.format("%d resends for %d frames", stats.resends, stats.frames))
 
+-- Our own input is resent until acked: the terminal size goes out at once,
+-- and the agent does not ack input that arrives before the PTY is up.
+r = assert(box:exec("sleep 1"))
+local last
+for _, ss in ipairs(state().sessions) do
+  if not last or (ss.openedAt or 0) > (last.openedAt or 0) then last = ss end
+end
+tap.ok(last and last.lastSize and last.lastSize.cols == 300 and last.lastSize.rows == 100,
+  "the terminal size from policy reaches the agent", last and sbx.json.encode(last.lastSize))
+tap.ok(last and (last.inputNotReady == 0 or last.inputMessages > last.inputNotReady),
+  "input the agent was not ready for was sent again", last and string.format("%d not ready, %d received",
+    last.inputNotReady, last.inputMessages))
+
 -- Background processes (the original had none).
 local name = assert(box:spawn("for i in 1 2 3; do echo tick $i; sleep 0.1; done; exit 4", { name = "ticker" }))
 tap.is(name, "ticker", "spawn names the process")
