@@ -248,6 +248,23 @@ second:close()
 for _, d in ipairs(state().taskDefinitions) do if d.taskDefinitionArn == td then active = d.status end end
 tap.is(active, "INACTIVE", "and is deregistered with its last box")
 
+-- IAM eventual consistency: RunTask fails while a new role propagates.
+st:faults { role_propagation = 2 }
+local before = state().calls["ecs.RunTask"] or 0
+local fresh, ferr = sbx.box { backend = "fargate", image = H.busybox,
+  task_role = "sbx-task-role-fresh", execution_role = "sbx-execution-role-fresh" }
+tap.ok(fresh, "a box with brand-new roles is made once they propagate", ferr)
+tap.ok((state().calls["ecs.RunTask"] or 0) - before >= 2, "RunTask was retried while the roles were new")
+if fresh then fresh:close() end
+sbx.use_policy { fargate = { iam_propagation = 0 } }
+local stale, serr, scode = sbx.box { backend = "fargate", image = H.busybox,
+  task_role = "sbx-task-role-fresh2", execution_role = "sbx-execution-role-fresh2" }
+tap.is(stale, nil, "without the propagation window the same failure is final")
+tap.is(scode, "ClientException", "and reported with ECS's code")
+tap.like(tostring(serr), "unable to assume the role", "and message")
+sbx.use_policy { fargate = { iam_propagation = 30 } }
+st:faults { role_propagation = 0 }
+
 -- A never-connecting exec agent: a clear error, and the task is stopped.
 sbx.use_policy { fargate = { start_timeout = 3 } }
 st:faults { agent_never_connects = true }

@@ -296,6 +296,7 @@ policy.fargate = {
   exec_policy = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":["ssmmessages:CreateControlChannel","ssmmessages:CreateDataChannel","ssmmessages:OpenControlChannel","ssmmessages:OpenDataChannel"],"Resource":"*"}]}',
   execution_policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy",
   iam_propagation = 30,                 -- seconds RunTask is retried while a new role propagates
+  iam_retry_interval = 1,               -- seconds between those retries
   start_timeout = 600,                  -- seconds from RunTask to a running exec agent
   poll_interval = 0.5,                  -- seconds between DescribeTasks polls (one call for all waiting boxes)
   exec_connect_timeout = 30,            -- seconds ExecuteCommand is retried on TargetNotConnectedException

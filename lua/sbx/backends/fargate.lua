@@ -344,7 +344,7 @@ function M.create(spec)
       run.taskDefinition = td
     elseif (rcode == "ClientException" or rcode == "InvalidParameterException") and core.now() < r.fresh_until
         and tostring(rerr):lower():find("role") then
-      core.sleep(1)               -- a new role is still propagating through IAM
+      core.sleep(f.iam_retry_interval)   -- a new role is still propagating through IAM
     else
       return nil, "cannot start the Fargate task: " .. tostring(rerr), rcode
     end
