@@ -310,6 +310,16 @@ return { box = { backend = "fargate" },
   os.execute("rm -rf " .. dir)
 end
 
+-- The example, configured the SDK way: AWS_ENDPOINT_URL and AWS_* keys.
+do
+  local envs = string.format("AWS_ENDPOINT_URL=%s AWS_ACCESS_KEY_ID=%s AWS_SECRET_ACCESS_KEY=%s AWS_REGION=us-east-1 ",
+    st.url, st.credentials.access_key, st.credentials.secret_key)
+  local text, status = H.sh(envs .. H.sbx_bin .. " run lua/examples/fargate.lua " .. H.busybox .. " subnet-local")
+  tap.is(status, 0, "lua/examples/fargate.lua runs against the stand-in from the environment", text)
+  tap.like(text, "exit 3 in %d+ ms:\nLinux[^\n]*\nout\nerr\n", "the example's command output and exit code")
+  tap.like(text, "%[Exit code: 3%]\nhello", "and what the model sees")
+end
+
 -- Reap: a host killed with -9 leaves a task; sbx reap stops it.
 local idfile = os.tmpname()
 local child = string.format([[
