@@ -246,8 +246,14 @@ done
 echo "$n"
 ]]
 
-function M.kill_argv(signal, marker)
-  return { "sh", "-c", KILL_SCRIPT, "sh", signal, marker }
+-- The request a backend starts to signal a job's tree: signal with or
+-- without "SIG", marker from the job. Small captures: it prints a count.
+function M.kill_request(signal, marker)
+  signal = tostring(signal or "KILL"):gsub("^SIG", "")
+  return {
+    argv = { "sh", "-c", KILL_SCRIPT, "sh", signal, marker }, env = {},
+    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
+  }
 end
 
 -- Kills a job's whole process tree; falls back to restarting the box when

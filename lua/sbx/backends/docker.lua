@@ -339,11 +339,7 @@ end
 
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal)
-  signal = tostring(signal or "KILL"):gsub("^SIG", "")
-  local req = {
-    argv = require("sbx.box").kill_argv(signal, job.marker), env = {},
-    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 0, tail = 0 } },
-  }
+  local req = require("sbx.box").kill_request(signal, job.marker)
   local id, err, code = exec_create(h, req)
   if not id then return nil, err, code end
   local s = open_stream(h, id, req)

@@ -582,11 +582,8 @@ end
 
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal)
-  signal = tostring(signal or "KILL"):gsub("^SIG", "")
-  local req = {
-    argv = require("sbx.box").kill_argv(signal, job.marker), env = {}, is_kill = true,
-    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 0, tail = 0 }, output = { head = 1024, tail = 0 } },
-  }
+  local req = require("sbx.box").kill_request(signal, job.marker)
+  req.is_kill = true              -- its own dropped channel must not start another kill
   local kjob, err, code = M.start(h, req)
   if not kjob then return nil, err, code end
   if kjob.stream:wait(h.f.ssm.connect_timeout) ~= "eof" then
