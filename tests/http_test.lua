@@ -175,6 +175,15 @@ local function tests()
 
   -- Whole-transfer timeout.
   local t0 = sbx.now()
+  -- The body cap comes from policy.http (C keeps only a fallback).
+  sbx.use_policy { http = { max_body = 100000 } }
+  local capped = assert(http.request { url = base .. "/big?mb=1" })
+  tap.ok(capped.truncated and #capped.body == 100000, "policy.http.max_body caps a response body",
+    #capped.body)
+  sbx.use_policy { http = { max_body = 64 * 1024 * 1024 } }
+  capped = assert(http.request { url = base .. "/big?mb=1" })
+  tap.ok(not capped.truncated and #capped.body == 1024 * 1024, "and the default policy keeps 1 MiB whole")
+
   local tr, terr, tcode = http.request { url = base .. "/slow?s=3", timeout = 0.5 }
   tap.ok(tr == nil and tcode == "timeout", "timeout: nil, message, 'timeout'", terr)
   tap.ok(sbx.now() - t0 < 2, "timeout: ends early")

@@ -9,7 +9,7 @@
 -- Every knob below is a plain field: reassign it to change the default.
 local core = require "sbx.core"
 
-local http, json = core.http, core.json
+local http, json = require "sbx.http", core.json
 
 local M = {}
 

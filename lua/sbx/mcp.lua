@@ -122,7 +122,7 @@ function M.serve(opts)
 
   handlers["notifications/initialized"] = function() end
 
-  local reader = sbx.core.lines.open(0)
+  local reader = sbx.core.lines.open(0, sbx.policy.mcp.max_line)
   local ok, err = pcall(function()
     while true do
       local line, rerr, code = reader:read()

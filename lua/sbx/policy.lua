@@ -82,6 +82,13 @@ policy.files = {
 -- The MCP server (sbx mcp).
 policy.mcp = {
   progress_interval = 5,        -- seconds between progress notifications of a quiet command
+  max_line = 64 * MiB,          -- the longest JSON-RPC message read from stdin
+}
+
+-- HTTP from Lua (sbx.http, sbx.httpc, the Docker and AWS clients).
+policy.http = {
+  max_body = 64 * MiB,          -- a response body beyond this is cut (truncated = true)
+  max_buffer = 1 * MiB,         -- a streamed body read ahead of its reader; then the transfer pauses
 }
 
 -- Call traces (sbx.trace): every box call as one JSON line.

@@ -36,7 +36,7 @@ local M = {}
 -- Hooks the tests (or an embedder) may replace.
 M.sleep = core.sleep
 M.random = math.random
-M.http_request = core.http.request
+M.http_request = require("sbx.http").request
 M.clock = os.time               -- wall clock, epoch seconds: credential expiry
 
 local function policy()

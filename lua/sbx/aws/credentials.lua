@@ -162,7 +162,7 @@ end
 -- HTTP providers.
 
 local function http(opts)
-  return opts.http_request or core.http.request
+  return opts.http_request or require("sbx.http").request
 end
 
 local function parse_url(url)

@@ -3,7 +3,7 @@
 -- Works against Docker and Podman's Docker-compatible service; see
 -- ../shared/reference/docker-api.md for the measured behaviour this follows.
 local core = require "sbx.core"
-local json, http = core.json, core.http
+local json, http = core.json, require "sbx.http"
 
 local M = {}
 local CLIENT_API = "1.47"   -- the newest API this code is written against
