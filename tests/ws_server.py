@@ -21,6 +21,7 @@ when PARENT_PID is gone. The path picks the behaviour:
   /headers                 one text message: the request headers as JSON
   /pingme                  pings the client with "srv"; sends "pong:<data>"
                            when the pong comes back
+  /script?file=PATH        a scripted peer (steps in the JSON file; see serve)
   /lastclose?of=ID         one text message: "code reason" of the close frame
                            the server got on the connection that had ?id=
                            (or "none"); of=violations counts bad frames
@@ -268,6 +269,38 @@ class Handler(socketserver.BaseRequestHandler):
             c.on_pong = lambda data: c.send_frame(OP_TEXT, b"pong:" + data)
             c.send_frame(OP_PING, b"srv")
             c.echo()
+        elif path == "/script":
+            # A scripted peer for protocol tests: steps from the JSON file
+            # ?file=, every received message appended (hex, one per line)
+            # to ?file=.got. Steps: {"send": hex} (binary), {"text": str},
+            # {"expect": n} (wait until n messages were received in all),
+            # {"sleep": s}, {"close": code}, {"drop": true}.
+            steps = json.load(open(q["file"]))
+            got = []
+            out = open(q["file"] + ".got", "w")
+
+            def take():
+                op, data = c.recv_message()
+                got.append(data)
+                out.write(data.hex() + "\n")
+                out.flush()
+            for st in steps:
+                if "send" in st:
+                    c.send_frame(OP_BIN, bytes.fromhex(st["send"]))
+                elif "text" in st:
+                    c.send_frame(OP_TEXT, st["text"].encode())
+                elif "expect" in st:
+                    while len(got) < st["expect"]:
+                        take()
+                elif "sleep" in st:
+                    time.sleep(st["sleep"])
+                elif "close" in st:
+                    c.send_close(int(st["close"]))
+                elif "drop" in st:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    return
+            while True:
+                take()
         elif path == "/lastclose":
             with lock:
                 v = closes.get(q.get("of"), "none")
