@@ -79,6 +79,8 @@ if t then
   tap.ok(tags["sbx.owner.host"] and tags["sbx.created"], "tags: owner host and creation time")
   tap.is(t.enableExecuteCommand, true, "RunTask asked for execute-command")
   tap.is(t.launchType, "FARGATE", "launch type FARGATE")
+  tap.ok(t.cpu == "1024" and t.memory == "2048", "the task size comes from policy.fargate in ECS units",
+    tostring(t.cpu) .. " " .. tostring(t.memory))
 end
 
 -- Commands -----------------------------------------------------------------------

@@ -288,8 +288,10 @@ policy.fargate = {
   profile = nil,                        -- nil: AWS_PROFILE / default
   credentials = nil,                    -- { access_key=, secret_key=, session_token= }; nil: the chain
   endpoint_url = nil,                   -- one URL for ECS and IAM (a stand-in); nil: AWS_ENDPOINT_URL_* or AWS
-  cpu = "1024",                         -- task CPU units, as ECS spells them
-  memory = "2048",                      -- task memory in MiB, as ECS spells them
+  -- Task size in ECS's units (a valid Fargate pair). The Docker options
+  -- memory (bytes) and cpus do not apply to Fargate boxes.
+  task_cpu = "1024",                    -- CPU units
+  task_memory = "2048",                 -- MiB
   container = "sbx",                    -- the container name in the task definition
   family_prefix = "sbx-",               -- task definitions are shared by content: <prefix><hash>
   deregister_task_definitions = true,   -- when this process closes the last box of one

@@ -156,7 +156,7 @@ local function taskdef_body(f, r)
     family = "",
     networkMode = "awsvpc",
     requiresCompatibilities = json.array { "FARGATE" },
-    cpu = tostring(f.cpu), memory = tostring(f.memory),
+    cpu = tostring(f.task_cpu), memory = tostring(f.task_memory),
     taskRoleArn = r.task, executionRoleArn = r.execution,
     containerDefinitions = json.array { {
       name = f.container, image = f.image, essential = true,
