@@ -101,6 +101,8 @@ tap.ok(r.truncated, "3 MB of output is truncated by the capture policy")
 tap.like(r.stdout, "END\n$", "and its tail is kept")
 tap.is(r.stdout_bytes, 3000005, "every byte is counted")
 
+r = assert(box:exec("pwd"))
+tap.is(r.stdout, "/work\n", "commands start in the box's workdir, as on Docker")
 r = assert(box:exec("pwd; echo $FOO", { cwd = "/tmp", env = { FOO = "b a'r" } }))
 tap.is(r.stdout, "/tmp\nb a'r\n", "cwd and env")
 

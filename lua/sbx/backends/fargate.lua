@@ -163,6 +163,7 @@ local function taskdef_body(f, r)
       -- The lifetime comes per box as a command override.
       entryPoint = json.array { "sleep" }, command = json.array { "86400" },
       linuxParameters = { initProcessEnabled = true },
+      workingDirectory = f.workdir,
       environment = json.array((function()
         local l = {}
         for k, v in pairs(f.env or {}) do l[#l + 1] = { name = tostring(k), value = tostring(v) } end
@@ -414,7 +415,12 @@ local function wrapper(req, nonce)
   else
     cmd = cmd .. " </dev/null"
   end
-  if req.cwd then cmd = "cd " .. shq(req.cwd) .. " && " .. cmd end
+  if req.cwd then
+    cmd = "cd " .. shq(req.cwd) .. " && " .. cmd
+  elseif req.workdir then
+    -- The box's directory, as Docker boxes start there; never fatal.
+    cmd = "{ cd " .. shq(req.workdir) .. " 2>/dev/null || true; } && " .. cmd
+  end
   parts[#parts + 1] = "{ " .. cmd .. "; }"
   parts[#parts + 1] = "printf '__SBX_%s_E%d__' " .. nonce .. " \"$?\""
   -- The agent splits the command like a POSIX shell and execs it directly.
@@ -522,6 +528,12 @@ function M.start(h, req)
     return nil, "ECS Exec runs commands as the container's user; a per-command user is not supported on Fargate", "unsupported"
   end
   local n = nonce()
+  if not req.cwd and h.f.workdir then
+    local r2 = {}
+    for k, v in pairs(req) do r2[k] = v end
+    r2.workdir = h.f.workdir
+    req = r2
+  end
   local out, err, code = execute(h, wrapper(req, n))
   if not out then return nil, err, code end
   local pol = h.f.ssm
