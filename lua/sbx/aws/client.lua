@@ -72,11 +72,8 @@ M.services = {
       if region and region:match("^us%-gov%-") then return "https://iam.us-gov.amazonaws.com", "us-gov-west-1" end
       return "https://iam.amazonaws.com", "us-east-1"
     end,
-    signing_region = function(region)
-      if region and region:match("^cn%-") then return "cn-north-1" end
-      if region and region:match("^us%-gov%-") then return "us-gov-west-1" end
-      return "us-east-1"
-    end,
+    -- An explicit endpoint keeps the partition's signing region too.
+    signing_region = function(region) return select(2, M.services.iam.endpoint(region)) end,
   },
   sts = {
     name = "STS", signing_name = "sts", env_id = "STS", protocol = "query",
