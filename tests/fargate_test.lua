@@ -48,6 +48,22 @@ tap.is(nb, nil, "a wrong secret fails the box")
 tap.ok(c == "SignatureDoesNotMatch" or c == "InvalidSignatureException", "with AWS's signature error code", c)
 tap.ok(not tostring(e):find("wrong-secret-value", 1, true), "and the secret is not in the message")
 
+-- Five boxes at once whose role cannot be made: one attempt, five clear errors.
+do
+  local before = st:state().calls["iam.CreateRole"] or 0
+  local tasks = {}
+  for i = 1, 5 do
+    tasks[i] = sbx.spawn(function()
+      return select(3, sbx.box { backend = "fargate", image = H.busybox, task_role = "bad role!" })
+    end)
+  end
+  local codes = {}
+  for i, tk in ipairs(tasks) do codes[i] = tostring(sbx.wait(tk)) end
+  tap.is(table.concat(codes, ","), "ValidationError,ValidationError,ValidationError,ValidationError,ValidationError",
+    "concurrent boxes share a failed role setup: each gets IAM's code")
+  tap.is((st:state().calls["iam.CreateRole"] or 0) - before, 1, "and IAM saw one CreateRole, not five")
+end
+
 -- Creation -------------------------------------------------------------------
 
 local t0 = sbx.now()

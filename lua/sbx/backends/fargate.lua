@@ -26,14 +26,15 @@ local function pol_f() return sbx.policy.fargate end
 local clients = {}              -- region/profile key -> { ecs, iam }
 local once = {}                 -- key -> { done = event, ok, err, code, value }
 
--- Runs fn once per key even when many boxes ask at the same time; a failure
--- is not remembered, so the next box tries again.
+-- Runs fn once per key even when many boxes ask at the same time. Those
+-- who waited share its result, failure included; a failure is not kept, so
+-- a later box tries again (and so does a waiter whose runner was cancelled).
 local function run_once(key, fn)
   local o = once[key]
   if o then
     o.done:wait()
     if o.ok then return o.value end
-    if once[key] == o then once[key] = nil end
+    if o.err then return nil, o.err, o.code end
     return run_once(key, fn)
   end
   o = { done = core.event() }
@@ -216,12 +217,9 @@ local function poll(c, f, key)
     for i = 1, #arns, 100 do
       local batch = table.move(arns, i, math.min(i + 99, #arns), 1, {})
       local out, err, code = c.ecs:call("DescribeTasks", { cluster = f.cluster, tasks = json.array(batch) })
-      for _, arn in ipairs(batch) do
-        local w = p.waiting[arn]
-        if w then
-          if not out then
-            w.last_error = { err, code }
-          end
+      if not out then
+        for _, arn in ipairs(batch) do
+          if p.waiting[arn] then p.waiting[arn].last_error = { err, code } end
         end
       end
       for _, t in ipairs(out and out.tasks or {}) do
