@@ -64,4 +64,12 @@ function M.orphan_reason(host, pid, start, deadline, now)
   return nil
 end
 
+-- Why a box carrying labels (Docker labels or ECS tags, the same keys) is
+-- to be reaped: "all" under opts.all, an orphan reason, or nil.
+function M.reap_reason(labels, opts, now)
+  if opts.all then return "all" end
+  return M.orphan_reason(labels["sbx.owner.host"], labels["sbx.owner.pid"], labels["sbx.owner.start"],
+    labels["sbx.deadline"], now)
+end
+
 return M

@@ -70,7 +70,6 @@ function M.open(opts)
     kick = core.event(),            -- wakes the resend timer
     done = core.event(),
     result = nil,
-    stats = { frames_in = 0, frames_out = 0, acks_in = 0, acks_out = 0, resends = 0, duplicates = 0, early = 0 },
   }, Session)
   self.gate:set()
   self.window:set()
@@ -103,9 +102,7 @@ function Session:finish(reason, code, message, extra)
 end
 
 function Session:send_frame(frame)
-  self.stats.frames_out = self.stats.frames_out + 1
-  local ok = self.ws:send(frame, "binary")
-  return ok
+  return self.ws:send(frame, "binary")
 end
 
 -- A sequenced input_stream_data message, kept until acknowledged.
@@ -127,7 +124,6 @@ function Session:ack(m)
     AcknowledgedMessageType = m.message_type, AcknowledgedMessageId = m.message_id,
     AcknowledgedMessageSequenceNumber = m.sequence_number, IsSequentialMessage = true,
   }, ACK_ORDER))
-  self.stats.acks_out = self.stats.acks_out + 1
   self:send_frame(codec.encode {
     message_type = "acknowledge", sequence_number = 0, flags = 3, message_id = uuid(), payload = payload,
   })
@@ -142,7 +138,6 @@ function Session:sample_rtt(sample)
 end
 
 function Session:on_ack(m)
-  self.stats.acks_in = self.stats.acks_in + 1
   local ok, content = pcall(json.decode, m.payload)
   local seq = ok and type(content) == "table" and tonumber(content.AcknowledgedMessageSequenceNumber)
   if not seq then return end
@@ -236,15 +231,12 @@ function Session:on_output_message(m)
     if not self.ahead[seq] and self.ahead_n < self.pol.reorder_capacity then
       self.ahead[seq] = m
       self.ahead_n = self.ahead_n + 1
-      self.stats.early = self.stats.early + 1
       self:ack(m)
     elseif self.ahead[seq] then
-      self.stats.duplicates = self.stats.duplicates + 1
       self:ack(m)
     end
   else
     -- A duplicate of something delivered: re-ack so the agent stops resending.
-    self.stats.duplicates = self.stats.duplicates + 1
     self:ack(m)
   end
 end
@@ -263,7 +255,6 @@ function Session:read_loop()
         end
         return
       end
-      self.stats.frames_in = self.stats.frames_in + 1
       local m, derr = codec.decode(data)
       if not m then
         return self:finish("error", "protocol", "the SSM agent sent a frame sbx cannot read: " .. tostring(derr))
@@ -318,7 +309,6 @@ function Session:resend_loop()
             "the SSM agent did not acknowledge input %d after %d resends", u.seq, pol.max_resends))
         end
         u.sent = now
-        self.stats.resends = self.stats.resends + 1
         self:send_frame(u.frame)
       end
       if now - last_ping >= pol.ping_interval then
@@ -343,13 +333,6 @@ function Session:send(bytes)
     i = i + chunk
   end
   return true
-end
-
--- Waits until every input sent so far is acknowledged (or the session ends).
-function Session:flush(timeout)
-  local deadline = core.now() + (timeout or 1e9)
-  while #self.unacked > 0 and not self.result and core.now() < deadline do core.sleep(self.pol.resend_interval) end
-  return #self.unacked == 0
 end
 
 function Session:wait(timeout)

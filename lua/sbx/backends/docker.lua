@@ -371,12 +371,7 @@ function M.reap(opts)
   local tasks = {}
   for _, c in ipairs(list) do
     local l = c.Labels or {}
-    local dead
-    if opts.all then
-      dead = "all"
-    else
-      dead = owner.orphan_reason(l["sbx.owner.host"], l["sbx.owner.pid"], l["sbx.owner.start"], l["sbx.deadline"], now)
-    end
+    local dead = owner.reap_reason(l, opts, now)
     if dead then
       local name = (c.Names and c.Names[1] or c.Id):gsub("^/", "")
       report.removed[#report.removed + 1] = { id = c.Id, name = name, reason = dead }

@@ -287,12 +287,8 @@ end
 
 local function task_id(arn) return arn:match("([^/]+)$") end
 
-local function stop_task(c, f, arn, detached)
-  local function go()
-    return c.ecs:call("StopTask", { cluster = f.cluster, task = arn, reason = f.stop_reason })
-  end
-  if detached then core.spawn(go) return true end
-  return go()
+local function stop_task(c, f, arn)
+  return c.ecs:call("StopTask", { cluster = f.cluster, task = arn, reason = f.stop_reason })
 end
 
 -- create(spec, policy) -> handle | nil, message, code
@@ -498,10 +494,6 @@ local function marker_filter(nonce, emit, on_ready)
 end
 M.marker_filter = marker_filter
 
-local function nonce()
-  return string.format("%08x%08x", math.random(0, 0x7fffffff), math.random(0, 0x7fffffff))
-end
-
 -- ExecuteCommand, retried while the agent is not connected yet.
 local function execute(h, command)
   local c, f = h.clients, h.f
@@ -525,7 +517,7 @@ function M.start(h, req)
   if req.user then
     return nil, "ECS Exec runs commands as the container's user; a per-command user is not supported on Fargate", "unsupported"
   end
-  local n = nonce()
+  local n = require("sbx.box").random_id()
   if not req.cwd and h.f.workdir then
     local r2 = {}
     for k, v in pairs(req) do r2[k] = v end
@@ -647,14 +639,7 @@ function M.reap(opts)
     for _, t in ipairs(out.tasks or {}) do
       local tg = {}
       for _, kv in ipairs(t.tags or {}) do tg[kv.key] = kv.value end
-      local dead
-      if tg["sbx"] ~= "1" then
-        dead = nil
-      elseif opts.all then
-        dead = "all"
-      else
-        dead = owner.orphan_reason(tg["sbx.owner.host"], tg["sbx.owner.pid"], tg["sbx.owner.start"], tg["sbx.deadline"], now)
-      end
+      local dead = tg["sbx"] == "1" and owner.reap_reason(tg, opts, now)
       if dead then
         report.removed[#report.removed + 1] = { id = t.taskArn, name = task_id(t.taskArn), reason = dead }
         if not opts.dry_run then tasks[#tasks + 1] = core.spawn(stop_task, c, f, t.taskArn) end
