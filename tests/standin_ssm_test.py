@@ -739,10 +739,12 @@ def main():
     c.close()
 
     # size before the command is attached: not acked, so the client must resend; then stty sees it
+    set_faults(exec_start_delay=0.5)
     s = exec_cmd("sh -c 'sleep 0.5; stty size'")
     c = Client(s)
     c.send_input(json.dumps({"cols": 132, "rows": 40}).encode(), ptype=3)
     c.wait_end()
+    set_faults(exec_start_delay=0)
     st = wait_state(s["sessionId"], lambda x: x["status"] == "closed")
     ok(c.text() == b"40 132\r\n", f"Size {{cols 132, rows 40}} resizes the exec TTY (stty size: {c.text()!r})")
     ok(st["inputNotReady"] >= 1 and c.sends.get(0, 0) >= 2 and st["resizes"] == 1
