@@ -1,13 +1,21 @@
 -- A box: one sandbox, whatever the backend. This file owns what is the same
--- everywhere (option merging, the exec loop with timeout and kill, output
--- capture into results, background processes, files); a backend owns the
--- box lifecycle (create, destroy, reap) and the command transport (start,
--- finish, kill). Backends are modules under sbx.backends with this shape:
---   create(spec) -> handle | nil, msg, code       destroy(handle, detached)
+-- everywhere (option merging, the policy a box runs under, hooks and
+-- budgets, the exec loop with timeout and kill, output capture into
+-- results, background processes, files); a backend owns the box lifecycle
+-- (create, destroy, reap) and the command transport (start, finish, kill).
+-- Backends are modules under sbx.backends with this shape:
+--   create(spec, pol) -> handle | nil, msg, code  destroy(handle, detached)
 --   start(handle, req) -> job | nil, msg, code     finish(handle, job) -> exit_code | nil, msg, code
 --   kill(handle, job, signal) -> true | nil, msg, code
 --   restart(handle) -> true | nil, msg, code       reap(opts) -> report
+--   options: box option name -> rule (sbx.policy_check), for the options
+--   only this backend takes
 -- A job carries .stream, an object with the sbx.stream methods.
+--
+-- Policy: every call reads the box's policy (box:policy()): the live
+-- sbx.policy, or for a box made with sbx.box{ policy = overlay } that
+-- overlay merged over the live policy. Every hook gets it as its last
+-- argument.
 local M = {}
 local sbx, core
 
@@ -41,18 +49,34 @@ local function random_id()
 end
 M.random_id = random_id
 
--- sbx.box(opts) -> box | nil, message, code
+-- The policy of a box made with an overlay: merged again whenever the live
+-- policy changed (sbx.use_policy bumps sbx.policy_generation).
+local function merged_policy(overlay)
+  return sbx.merge_policy(sbx.deep_copy(sbx.policy), overlay)
+end
+
+-- sbx.box(opts) -> box | nil, message, code. Unknown options and options of
+-- the wrong type raise (did you mean ...?); so does a bad policy overlay.
 function M.new(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sbx.box expects a table of options", 2) end
+  local overlay, pol = nil, sbx.policy
+  if opts.policy ~= nil then
+    overlay = sbx.load_policy(opts.policy)
+    pol = merged_policy(overlay)
+    local ok, msg = sbx.policy_check.policy(pol)
+    if not ok then error(msg, 2) end
+  end
+  local backend = backend_module(opts.backend or pol.box.backend)
+  local ok, msg = sbx.policy_check.box_options(opts, backend)
+  if not ok then error("sbx.box: " .. msg, 2) end
   -- sbx.trace hook: M.tracer is set while a trace records (nil otherwise).
   local tr = M.tracer
   if tr == nil and M.trace_autostart then tr = M.trace_autostart() end
   local t0 = tr and tr.begin()
-  local spec = sbx.merge_policy({}, sbx.policy.box)
-  for k, v in pairs(opts) do spec[k] = v end
-  local backend = backend_module(spec.backend)
-  local handle, err, code = backend.create(spec, sbx.policy)
+  local spec = sbx.merge_policy({}, sbx.deep_copy(pol.box))
+  for k, v in pairs(opts) do if k ~= "policy" then spec[k] = v end end
+  local handle, err, code = backend.create(spec, pol)
   if not handle then
     if tr then tr.created(t0, spec, nil, err, code) end
     return nil, err, code
@@ -67,12 +91,24 @@ function M.new(opts)
     proc_order = {},       -- names in start order
     counter = 0,
     closed = false,
+    overlay = overlay,     -- this box's policy overlay, if any
+    usage = { commands = 0, seconds = 0, output_bytes = 0 },
   }, Box)
+  if overlay then self.pol, self.pol_generation = pol, sbx.policy_generation end
   open[self.id] = { backend = backend, handle = handle }
   -- A backend may answer at the method level (sbx.backends.replay does).
   if backend.bind then backend.bind(self, spec) end
   if tr then tr.created(t0, spec, self) end
   return self
+end
+
+-- box:policy() -> the policy this box runs under now.
+function Box:policy()
+  if not self.overlay then return sbx.policy end
+  if self.pol_generation ~= sbx.policy_generation then
+    self.pol, self.pol_generation = merged_policy(self.overlay), sbx.policy_generation
+  end
+  return self.pol
 end
 
 function Box:__tostring()
@@ -122,7 +158,8 @@ end
 
 -- Commands --------------------------------------------------------------------
 
-local function env_list(...)
+-- Merges env tables (later ones win) into NAME = value; false removes a name.
+local function env_map(...)
   local merged = {}
   for i = 1, select("#", ...) do
     local t = select(i, ...)
@@ -131,8 +168,13 @@ local function env_list(...)
       for k, v in pairs(t) do merged[k] = v end
     end
   end
+  return merged
+end
+
+-- NAME = value as the sorted "NAME=value" list a backend passes on.
+local function env_list(map)
   local list = {}
-  for k, v in pairs(merged) do
+  for k, v in pairs(map) do
     if v ~= false then list[#list + 1] = tostring(k) .. "=" .. tostring(v) end
   end
   table.sort(list)
@@ -158,16 +200,14 @@ local function capture_part(stream, name)
   }
 end
 
-local function part_text(part, marker)
+local function part_text(part, marker, pol)
   if part.omitted == 0 then return part.head .. part.tail end
-  return part.head .. marker(part) .. part.tail
+  return part.head .. marker(part, pol) .. part.tail
 end
 
-local function omitted_marker(part)
-  return string.format("\n...[%d bytes omitted]...\n", part.omitted)
-end
-
-function M.build_result(job, fields)
+-- build_result(job, fields [, pol]) -> the result table of a finished job.
+function M.build_result(job, fields, pol)
+  pol = pol or sbx.policy
   local s = job.stream
   local r = fields or {}
   r.parts = {
@@ -175,10 +215,10 @@ function M.build_result(job, fields)
     stderr = capture_part(s, "stderr"),
     output = capture_part(s, "output"),
   }
-  local marker = sbx.policy.omitted_marker or omitted_marker
-  r.stdout = part_text(r.parts.stdout, marker)
-  r.stderr = part_text(r.parts.stderr, marker)
-  r.output = part_text(r.parts.output, marker)
+  local marker = pol.omitted_marker
+  r.stdout = part_text(r.parts.stdout, marker, pol)
+  r.stderr = part_text(r.parts.stderr, marker, pol)
+  r.output = part_text(r.parts.output, marker, pol)
   r.stdout_bytes = r.parts.stdout.bytes
   r.stderr_bytes = r.parts.stderr.bytes
   r.truncated = r.parts.stdout.omitted > 0 or r.parts.stderr.omitted > 0 or r.parts.output.omitted > 0
@@ -186,43 +226,131 @@ function M.build_result(job, fields)
 end
 
 -- The argv for a command string or list, by policy.
-local function command_argv(self, command, opts)
+local function command_argv(self, pol, command, shell)
   if type(command) == "table" then
-    if #command == 0 then error("an argv table must not be empty", 3) end
+    if #command == 0 then error("an argv table must not be empty", 4) end
     local argv = {}
     for i, a in ipairs(command) do argv[i] = tostring(a) end
     return argv
   elseif type(command) == "string" then
-    return sbx.policy.shell_argv(opts.shell or self.spec.shell or sbx.policy.exec.shell, command)
+    return pol.shell_argv(shell or self.spec.shell or pol.exec.shell, command, pol)
   end
-  error("command must be a string or an argv table", 3)
+  error("command must be a string or an argv table", 4)
 end
 
-local function make_request(self, command, opts, capture)
-  local pol = sbx.policy.exec
+local function clamp_timeout(pol, t)
+  if t == nil then t = pol.exec.timeout end
+  if type(t) ~= "number" or t ~= t then error("timeout must be a number of seconds", 4) end
+  if t <= 0 then error("timeout must be positive", 4) end
+  if pol.exec.max_timeout and t > pol.exec.max_timeout then t = pol.exec.max_timeout end
+  return t
+end
+
+-- The transport request for a command described by req (see admit).
+local function make_request(req, stdin, capture, chunks, pol)
   local marker = random_id()
-  local env = env_list(pol.env, opts.env)
+  local env = env_list(req.env)
   env[#env + 1] = "SBX_JOB=" .. marker
   return {
-    argv = command_argv(self, command, opts),
+    argv = req.argv,
     env = env,
-    cwd = opts.cwd,
-    user = opts.user,
-    stdin = opts.stdin,
+    cwd = req.cwd,
+    user = req.user,
+    stdin = stdin,
     marker = marker,
-    capture = capture or pol.capture,
-    chunks = opts.on_output ~= nil,
-    chunk_limit = pol.chunk_limit,
+    capture = capture or pol.exec.capture,
+    chunks = chunks,
+    chunk_limit = pol.exec.chunk_limit,
   }
 end
 
-local function clamp_timeout(t)
-  local pol = sbx.policy.exec
-  if t == nil then t = pol.timeout end
-  if type(t) ~= "number" then error("timeout must be a number of seconds", 3) end
-  if t <= 0 then error("timeout must be positive", 3) end
-  if pol.max_timeout and t > pol.max_timeout then t = pol.max_timeout end
-  return t
+local SOURCES = { exec = true, spawn = true, tool = true, harness = true, session = true }
+
+-- The description of a user command that hooks see and may change:
+-- { command, argv, env, cwd, user, timeout, stdin_bytes, background, source }.
+local function describe(self, pol, command, opts, background)
+  local source = opts.source or (background and "spawn" or "exec")
+  if not SOURCES[source] then error("source must be exec, spawn, tool, harness or session", 3) end
+  if opts.stdin ~= nil and type(opts.stdin) ~= "string" then error("stdin must be a string of bytes", 3) end
+  return {
+    command = command,
+    argv = command_argv(self, pol, command, opts.shell),
+    env = env_map(pol.exec.env, opts.env),
+    cwd = opts.cwd,
+    user = opts.user,
+    timeout = not background and clamp_timeout(pol, opts.timeout) or nil,
+    stdin_bytes = opts.stdin and #opts.stdin or nil,
+    background = background,
+    source = source,
+  }
+end
+
+-- The first budget a box has used up: which, used, limit.
+local function spent_budget(self, pol)
+  local b, u = pol.budget or {}, self.usage
+  for _, which in ipairs { "commands", "seconds", "output_bytes" } do
+    if b[which] and u[which] >= b[which] then return which, u[which], b[which] end
+  end
+end
+
+-- A hook's changed request, checked: a mistake in a policy is an error
+-- that says which hook and which field.
+local function take_changed(self, pol, orig, new)
+  if type(new) ~= "table" then error("hooks.before_exec must return nothing, a request table or false, message", 0) end
+  local r = {}
+  for k, v in pairs(orig) do r[k] = v end
+  for k, v in pairs(new) do r[k] = v end
+  if new.command ~= nil and new.command ~= orig.command and new.argv == orig.argv then
+    r.argv = command_argv(self, pol, new.command)
+  end
+  if type(r.argv) ~= "table" or #r.argv == 0 then error("hooks.before_exec: argv must be a non-empty list", 0) end
+  for i, a in ipairs(r.argv) do r.argv[i] = tostring(a) end
+  if type(r.env) ~= "table" then error("hooks.before_exec: env must be a table of NAME = value", 0) end
+  if not orig.background then r.timeout = clamp_timeout(pol, r.timeout) end
+  r.background, r.source, r.stdin_bytes = orig.background, orig.source, orig.stdin_bytes
+  return r
+end
+
+-- Admission of a user command: budgets, then policy.hooks.before_exec.
+-- Returns the request to run, or nil, message, code. A refused command
+-- counts against no budget; an admitted one counts as a command at once.
+local function admit(self, pol, req)
+  local which, used, limit = spent_budget(self, pol)
+  if which then return nil, pol.format_budget_exceeded(which, used, limit, pol), "budget_exceeded" end
+  local hook = pol.hooks and pol.hooks.before_exec
+  if hook then
+    local verdict, message = hook(self, req, pol)
+    if verdict == false then
+      return nil, message ~= nil and tostring(message) or pol.denied_message, "denied"
+    elseif verdict ~= nil and verdict ~= true then
+      req = take_changed(self, pol, req, verdict)
+    end
+  end
+  local seconds = pol.budget and pol.budget.seconds
+  if seconds and req.timeout and seconds - self.usage.seconds < req.timeout then
+    req.timeout = seconds - self.usage.seconds
+    req.budget_capped = true
+  end
+  self.usage.commands = self.usage.commands + 1
+  return req
+end
+
+-- What a finished user command used.
+local function account(self, seconds, output_bytes)
+  local u = self.usage
+  u.seconds = u.seconds + seconds
+  u.output_bytes = u.output_bytes + output_bytes
+end
+
+local function after_exec(self, pol, req, result)
+  local hook = pol.hooks and pol.hooks.after_exec
+  if not hook then return result end
+  local replaced = hook(self, req, result, pol)
+  if replaced ~= nil then
+    if type(replaced) ~= "table" then error("hooks.after_exec must return nothing or a result table", 0) end
+    return replaced
+  end
+  return result
 end
 
 -- The in-box kill: every process whose environment carries the job's marker
@@ -258,34 +386,24 @@ end
 
 -- Kills a job's whole process tree; falls back to restarting the box when
 -- the kill cannot run. Returns what happened for the result.
-local function kill_tree(self, job, signal)
-  local pol = sbx.policy.exec
+local function kill_tree(self, pol, job, signal)
+  local grace = pol.exec.kill_grace
   local ok, err = self.backend.kill(self.handle, job, signal or "KILL")
-  if ok and job.stream:wait(pol.kill_grace) == "eof" then return {} end
+  if ok and job.stream:wait(grace) == "eof" then return {} end
   if job.stream:info().eof then return {} end
-  if pol.on_unkillable == "restart" then
+  if pol.exec.on_unkillable == "restart" then
     local rok, rerr = self.backend.restart(self.handle)
-    job.stream:wait(pol.kill_grace)
+    job.stream:wait(grace)
     return { box_restarted = rok and true or false, kill_error = err or rerr }
   end
   return { kill_error = err or "the process did not stop" }
 end
 
--- box:exec(command, opts) -> result
--- opts: timeout, env, cwd, user, stdin (bytes), on_output(stream, text),
--- shell. The result has exit_code (nil when killed), stdout, stderr, output
--- (both interleaved), timed_out, truncated, duration, byte counts, parts.
--- Infrastructure failures return nil, message, code.
-function Box:exec(command, opts)
-  check_open(self)
-  opts = opts or {}
-  if type(opts) ~= "table" then error("exec options must be a table", 2) end
-  local timeout = clamp_timeout(opts.timeout)
-  local on_output = opts.on_output
-  if on_output ~= nil and type(on_output) ~= "function" then error("on_output must be a function", 2) end
-  local req = make_request(self, command, opts)
+-- Runs a transport request to its end or its timeout: the result, or nil,
+-- message, code. Used for user commands and sbx's own helpers alike.
+local function run_request(self, pol, treq, timeout, on_output, command)
   local started = core.now()
-  local job, err, code = self.backend.start(self.handle, req)
+  local job, err, code = self.backend.start(self.handle, treq)
   if not job then return nil, err, code end
   local stream = job.stream
   local deadline = started + timeout
@@ -308,13 +426,13 @@ function Box:exec(command, opts)
   if not ok then
     -- Cancelled, interrupted, or the callback raised: the command must not
     -- outlive the call that started it.
-    pcall(kill_tree, self, job)
+    pcall(kill_tree, self, pol, job)
     stream:close()
     error(perr, 0)
   end
   local fields = { timed_out = timed_out, timeout = timeout, command = command }
   if timed_out then
-    for k, v in pairs(kill_tree(self, job)) do fields[k] = v end
+    for k, v in pairs(kill_tree(self, pol, job)) do fields[k] = v end
     stream:close()
   else
     local info = stream:info()
@@ -328,7 +446,47 @@ function Box:exec(command, opts)
     if exit_code >= 128 and exit_code < 160 then fields.signal = exit_code - 128 end
   end
   fields.duration = core.now() - started
-  return M.build_result(job, fields)
+  return M.build_result(job, fields, pol)
+end
+
+-- box:exec(command, opts) -> result
+-- opts: timeout, env, cwd, user, stdin (bytes), on_output(stream, text),
+-- shell, source (who asks: "exec" by default; tools, the harness and
+-- sessions say so). The result has exit_code (nil when killed), stdout,
+-- stderr, output (both interleaved), timed_out, truncated, duration, byte
+-- counts, parts. Infrastructure failures return nil, message, code; so do
+-- commands the policy refuses ("denied", "budget_exceeded").
+function Box:exec(command, opts)
+  check_open(self)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("exec options must be a table", 2) end
+  local on_output = opts.on_output
+  if on_output ~= nil and type(on_output) ~= "function" then error("on_output must be a function", 2) end
+  local pol = self:policy()
+  local req, err, code = admit(self, pol, describe(self, pol, command, opts, false))
+  if not req then return nil, err, code end
+  local treq = make_request(req, opts.stdin, nil, on_output ~= nil, pol)
+  local started = core.now()
+  local r, rerr, rcode = run_request(self, pol, treq, req.timeout, on_output, req.command)
+  if not r then
+    account(self, core.now() - started, 0)
+    return nil, rerr, rcode
+  end
+  account(self, r.duration, (r.stdout_bytes or 0) + (r.stderr_bytes or 0))
+  -- Timed out at the budget's cap: the budget is spent, whatever the
+  -- timer's rounding left over.
+  if r.timed_out and req.budget_capped then
+    self.usage.seconds = math.max(self.usage.seconds, pol.budget.seconds)
+  end
+  return after_exec(self, pol, req, r)
+end
+
+-- sbx's own commands (file transfer): no hooks, no budgets.
+function M.helper_exec(self, argv, opts)
+  local pol = self:policy()
+  local req = { argv = argv, env = {}, cwd = opts.cwd, user = opts.user }
+  local treq = make_request(req, opts.stdin, opts.capture, false, pol)
+  return run_request(self, pol, treq, clamp_timeout(pol, opts.timeout), nil, argv)
 end
 
 -- Background processes ----------------------------------------------------------
@@ -347,18 +505,17 @@ local function proc_view(p)
 end
 
 -- box:spawn(command, opts) -> name | nil, message, code
--- opts: name, env, cwd, user, stdin. The output goes to a bounded log.
+-- opts: name, env, cwd, user, stdin, shell, source. The output goes to a
+-- bounded log. Hooks and budgets apply as to box:exec (a background process
+-- has no timeout; its time and output count when it ends).
 function Box:spawn(command, opts)
   check_open(self)
   opts = opts or {}
-  local bpol = sbx.policy.background
+  if type(opts) ~= "table" then error("spawn options must be a table", 2) end
+  local pol = self:policy()
+  local bpol = pol.background
   local name = opts.name
-  if name == nil or name == "" then
-    repeat
-      self.counter = self.counter + 1
-      name = sbx.policy.process_name(self, self.counter)
-    until not self.procs[name]
-  else
+  if name ~= nil and name ~= "" then
     if type(name) ~= "string" or #name > bpol.max_name_length or not name:match(bpol.name_pattern) then
       return nil, string.format("invalid process name '%s': use up to %d letters, digits, '_', '.' or '-'",
         tostring(name), bpol.max_name_length), "invalid_name"
@@ -368,10 +525,18 @@ function Box:spawn(command, opts)
       return nil, string.format("a process named '%s' is still running; kill it or choose another name", name), "name_in_use"
     end
   end
-  local req = make_request(self, command, opts, { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 }, output = bpol.log })
-  req.chunks = false
-  local job, err, code = self.backend.start(self.handle, req)
-  if not job then return nil, err, code end
+  local req, err, code = admit(self, pol, describe(self, pol, command, opts, true))
+  if not req then return nil, err, code end
+  if name == nil or name == "" then
+    repeat
+      self.counter = self.counter + 1
+      name = pol.process_name(self, self.counter, pol)
+    until not self.procs[name]
+  end
+  local treq = make_request(req, opts.stdin,
+    { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 }, output = bpol.log }, false, pol)
+  local job, jerr, jcode = self.backend.start(self.handle, treq)
+  if not job then return nil, jerr, jcode end
   local p = {
     name = name, command = type(command) == "table" and table.concat(command, " ") or command,
     status = "running", started = core.now(), job = job, done = core.event(),
@@ -395,7 +560,10 @@ function Box:spawn(command, opts)
         end
       end
     end
+    local view = proc_view(p)
+    account(self, view.elapsed, view.output_bytes)
     p.done:set()
+    if not self.closed then after_exec(self, self:policy(), req, view) end
   end)
   return name
 end
@@ -425,7 +593,7 @@ function Box:output(name, opts)
   local p, err, code = get_proc(self, name)
   if not p then return nil, err, code end
   local offset = opts.offset or 0
-  local max = opts.max_bytes or sbx.policy.background.read_max
+  local max = opts.max_bytes or self:policy().background.read_max
   local bytes, next_offset, skipped = p.job.stream:read("output", offset, max)
   -- Never hand out half a character: keep it for the next read.
   local whole, held = sbx.text.head_cut(bytes)
@@ -452,7 +620,7 @@ function Box:kill(name, signal)
   if signal == "KILL" then
     p.status = "killed"
     p.ended = core.now()
-    if not p.done:wait(sbx.policy.exec.kill_grace) then p.job.stream:close() end
+    if not p.done:wait(self:policy().exec.kill_grace) then p.job.stream:close() end
   end
   return proc_view(p)
 end
@@ -474,12 +642,13 @@ function Box:write_file(path, data, opts)
   check_open(self)
   if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
   if type(data) ~= "string" then error("data must be a string", 2) end
-  local pol = sbx.policy.files
+  local pol = self:policy().files
   if #data > pol.max_write then
     return nil, string.format("%d bytes is more than the policy's max_write (%d)", #data, pol.max_write), "too_large"
   end
   local script = pol.make_parents and 'mkdir -p "$(dirname "$1")" && cat > "$1"' or 'cat > "$1"'
-  local r, err, code = self:exec({ "sh", "-c", script, "sh", path }, { stdin = data, timeout = (opts and opts.timeout) })
+  local r, err, code = M.helper_exec(self, { "sh", "-c", script, "sh", path },
+    { stdin = data, timeout = opts and opts.timeout })
   if not r then return nil, err, code end
   if r.exit_code ~= 0 then
     return nil, string.format("cannot write %s: %s", path, (r.stderr:gsub("%s+$", ""))), "write_failed"
@@ -491,12 +660,14 @@ end
 function Box:read_file(path, opts)
   check_open(self)
   if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
-  local max = (opts and opts.max_bytes) or sbx.policy.files.max_read
-  local req = make_request(self, { "cat", "--", path }, opts or {},
-    { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } })
-  local job, err, code = self.backend.start(self.handle, req)
+  local pol = self:policy()
+  local max = (opts and opts.max_bytes) or pol.files.max_read
+  local req = { argv = { "cat", "--", path }, env = {} }
+  local treq = make_request(req, nil,
+    { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } }, false, pol)
+  local job, err, code = self.backend.start(self.handle, treq)
   if not job then return nil, err, code end
-  job.stream:wait(opts and opts.timeout or sbx.policy.exec.timeout)
+  job.stream:wait(opts and opts.timeout or pol.exec.timeout)
   local info = job.stream:info()
   if not info.eof then job.stream:close(); return nil, "timed out reading " .. path, "timeout" end
   if info.error_code then return nil, info.error, info.error_code end

@@ -18,6 +18,12 @@ commands:
                          a request's tools field; F: openai, openai-responses,
                          anthropic, gemini, mcp (default)
 
+  policy check FILE|NAME  validate a policy file: every field's type and range,
+                         unknown names (with the nearest known one)
+  policy show [FILE|NAME]
+                         print the merged policy (defaults, SBX_POLICY or
+                         --policy, then FILE) as Lua
+
   mcp [--backend B] [--image I]
                          serve the tools over MCP (stdio, JSON-RPC 2.0); one
                          box per session, created at the first tool call
@@ -108,6 +114,27 @@ function commands.tools(args)
   if not out then err("tools: ", ferr) return 2 end
   print(sbx.json.encode(out))
   return 0
+end
+
+function commands.policy(args)
+  local sub, file = args[1], args[2]
+  if sub == "check" then
+    if not file or args[3] then err("policy check needs one file or bundled name (sbx policy check FILE)") return 2 end
+    local ok, e = pcall(sbx.use_policy, file)
+    if not ok then err(tostring(e)) return 1 end
+    print(string.format("%s: ok", file))
+    return 0
+  elseif sub == "show" then
+    if args[3] then err("policy show takes at most one file") return 2 end
+    if file then
+      local ok, e = pcall(sbx.use_policy, file)
+      if not ok then err(tostring(e)) return 1 end
+    end
+    io.write(sbx.policy_check.show(sbx.policy))
+    return 0
+  end
+  err("policy needs check FILE or show [FILE] (see sbx --help)")
+  return 2
 end
 
 function commands.mcp(args)

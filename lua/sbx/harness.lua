@@ -43,7 +43,7 @@ local function ordered(t, keys)
 end
 
 local RESULT_KEYS = { "id", "status", "passed", "reason", "error", "code", "duration", "started_at", "start_offset", "phases" }
-local PHASE_KEYS = { "exit_code", "timed_out", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "value", "output" }
+local PHASE_KEYS = { "exit_code", "timed_out", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "refused", "value", "output" }
 
 -- Tasks ---------------------------------------------------------------------
 
@@ -78,12 +78,53 @@ local function validate(t, i, seen, json)
   return t
 end
 
+-- The globals of a Lua task file: pure functions and nothing that reaches
+-- the host.
+local SAFE_GLOBALS = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber",
+  "tostring", "type", "xpcall", "rawequal", "rawlen", "setmetatable", "getmetatable" }
+local SAFE_LIBS = { "string", "table", "math", "utf8" }
+
+function M.task_env()
+  local env = {}
+  for _, n in ipairs(SAFE_GLOBALS) do env[n] = _G[n] end
+  for _, n in ipairs(SAFE_LIBS) do
+    local t = {}
+    for k, v in pairs(_G[n]) do t[k] = v end
+    env[n] = t
+  end
+  env.string.dump = nil
+  env._G = env
+  return env
+end
+
+-- What a task's phase function gets: the box's methods and counters, not
+-- the box (whose backend and handle reach the daemon).
+local VIEW_METHODS = { "exec", "spawn", "processes", "output", "kill", "wait", "write_file", "read_file", "tools" }
+
+local function box_view(box)
+  local view = {}
+  for _, m in ipairs(VIEW_METHODS) do
+    view[m] = function(_, ...) return box[m](box, ...) end
+  end
+  return setmetatable(view, {
+    __index = function(_, k)
+      if k == "id" or k == "usage" or k == "limits" then return box[k] end
+    end,
+    __newindex = function() error("a task's box view is read-only", 2) end,
+    __metatable = false,
+  })
+end
+M.box_view = box_view
+
 -- harness.load_tasks(path) -> list | nil, message. A .jsonl file holds one
 -- JSON task per line; a .lua file returns a list of tasks.
 function M.load_tasks(path)
   local json = lib().json
   if path:match("%.lua$") then
-    local chunk, err = loadfile(path, "t")
+    -- A task file may come from a stranger: its chunk runs with pure
+    -- functions only (no io, os, require, load, debug), and its phase
+    -- functions get a box view with the box's methods, nothing behind them.
+    local chunk, err = loadfile(path, "t", M.task_env())
     if not chunk then return nil, err end
     local ok, tasks = pcall(chunk)
     if not ok then return nil, path .. ": " .. tostring(tasks) end
@@ -142,7 +183,7 @@ local function infra(msg, code)
   error({ harness_error = true, message = tostring(msg), code = code }, 0)
 end
 
-local function summarize(sbx, r)
+local function summarize(sbx, r, pol)
   local p = {
     exit_code = r.exit_code,
     timed_out = r.timed_out and true or false,
@@ -153,39 +194,92 @@ local function summarize(sbx, r)
     signal = r.signal,
   }
   if r.parts and r.parts.output then
-    p.output = sbx.policy.format_output(r.parts.output, sbx.policy.output)
+    p.output = pol.format_output(r.parts.output, pol)
   else
     p.output = r.output
   end
   return ordered(p, PHASE_KEYS)
 end
 
+-- A command the policy refused: "denied" by hooks.before_exec or over a
+-- budget. A refused run fails the task; a refused setup or check is an error.
+local REFUSED = { denied = true, budget_exceeded = true }
+
 -- Runs one command (string, argv or function) in the box: phase record, ok.
-local function run_command(sbx, box, task, cmd, is_check)
+local function run_command(sbx, box, task, cmd, phase)
+  local pol = box:policy()
   if type(cmd) == "function" then
     local t0 = sbx.now()
-    local v = cmd(box, task)
+    local v = cmd(box_view(box), task)
     local dt = sbx.now() - t0
     if type(v) == "table" and (v.exit_code ~= nil or v.timed_out ~= nil) and v.duration then
-      local p = summarize(sbx, v)
+      local p = summarize(sbx, v, pol)
       p.duration = dt
       return p, v.exit_code == 0 and not v.timed_out
     end
     local p = ordered({ duration = dt, value = (type(v) ~= "table" and v ~= nil) and v or nil }, PHASE_KEYS)
-    if type(p.value) == "string" and #p.value > 4096 then p.value = p.value:sub(1, 4096) end
+    if type(p.value) == "string" and #p.value > pol.harness.value_max then p.value = p.value:sub(1, pol.harness.value_max) end
     if type(p.value) ~= "string" and type(p.value) ~= "number" and type(p.value) ~= "boolean" then p.value = nil end
     return p, v and true or false
   end
-  local r, err, code = box:exec(cmd, { timeout = task.timeout })
-  if not r then infra((is_check and "check: " or "") .. tostring(err), code) end
-  return summarize(sbx, r), r.exit_code == 0 and not r.timed_out
+  local r, err, code = box:exec(cmd, { timeout = task.timeout, source = "harness" })
+  if not r then
+    if REFUSED[code] and phase == "run" then
+      return ordered({ refused = code, value = tostring(err) }, PHASE_KEYS), false, code
+    end
+    infra((phase == "check" and "check: " or phase == "setup" and "setup: " or "") .. tostring(err), code)
+  end
+  return summarize(sbx, r, pol), r.exit_code == 0 and not r.timed_out
 end
 
-local function box_options(opts, task)
+-- The box options a task may set (task files are data, often a stranger's):
+-- names from policy.harness.task_box_options, numbers that only lower the
+-- effective value, a network of "none" only. Returns nil or a message.
+local NEVER_FROM_TASK = { policy = true, host_config = true, docker_host = true, labels = true,
+  backend = true, transport = true }
+local LOWER_ONLY = { memory = true, cpus = true, pids = true, disk = true, lifetime = true }
+
+local function task_box_error(pol, base, task_box)
+  local allowed = {}
+  for _, n in ipairs(pol.harness.task_box_options or {}) do allowed[n] = true end
+  local keys = {}
+  for k in pairs(task_box) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v = task_box[k]
+    if NEVER_FROM_TASK[k] then
+      return string.format("the task's box sets '%s', which a task file may never set", k)
+    end
+    if not allowed[k] then
+      return string.format("the task's box sets '%s', which the policy does not let a task set (policy.harness.task_box_options: %s)",
+        k, table.concat(pol.harness.task_box_options or {}, ", "))
+    end
+    if LOWER_ONLY[k] then
+      local limit = base[k]
+      if type(v) ~= "number" then
+        return string.format("the task's box option '%s' must be a number, not %s", k, type(v))
+      end
+      if type(limit) == "number" and v > limit then
+        return string.format("the task's box option '%s' (%s) may only lower the policy's value (%s)", k, tostring(v), tostring(limit))
+      end
+    elseif k == "network" and v ~= "none" then
+      return string.format("the task's box option 'network' may only be \"none\", not %q", tostring(v))
+    elseif k == "read_only" and v ~= true and base.read_only == true then
+      return "the task's box option 'read_only' may not turn a read-only root writable"
+    end
+  end
+end
+
+local function box_options(sbx, opts, task)
   local spec = {}
   for k, v in pairs(opts.box or {}) do spec[k] = v end
   if opts.backend then spec.backend = opts.backend end
-  for k, v in pairs(task.box or {}) do spec[k] = v end
+  if task.box then
+    local base = sbx.merge_policy(sbx.deep_copy(sbx.policy.box), spec)
+    local msg = task_box_error(sbx.policy, base, task.box)
+    if msg then infra(msg, "bad_task") end
+    for k, v in pairs(task.box) do spec[k] = v end
+  end
   local labels = {}
   for k, v in pairs(spec.labels or {}) do labels[k] = v end
   labels["sbx.task"] = tostring(task.id)
@@ -213,7 +307,7 @@ local function task_body(sbx, box, task, res)
   if setup and #setup > 0 then
     res.phases.setup = sbx.json.array {}
     for i, cmd in ipairs(setup) do
-      local p, ok = run_command(sbx, box, task, cmd)
+      local p, ok = run_command(sbx, box, task, cmd, "setup")
       res.phases.setup[i] = p
       if not ok then
         res.reason = string.format("setup command %d %s", i,
@@ -223,15 +317,16 @@ local function task_body(sbx, box, task, res)
     end
   end
   if task.run ~= nil then
-    local p, ok = run_command(sbx, box, task, task.run)
+    local p, ok, refused = run_command(sbx, box, task, task.run, "run")
     res.phases.run = p
+    if refused then res.reason = "run refused by the policy (" .. refused .. "): " .. p.value; return false end
     if p.timed_out then res.reason = "run timed out"; return false end
     if task.check == nil then
       if not ok then res.reason = "run exited " .. tostring(p.exit_code) end
       return ok
     end
   end
-  local p, ok = run_command(sbx, box, task, task.check, true)
+  local p, ok = run_command(sbx, box, task, task.check, "check")
   res.phases.check = p
   if not ok then
     res.reason = p.timed_out and "check timed out"
@@ -256,7 +351,14 @@ local function run_task(sbx, opts, task, t_run0)
   local t0 = sbx.now()
   local box
   local ok, verdict = pcall(function()
-    local b, err, code = sbx.box(box_options(opts, task))
+    local bok, b, err, code = pcall(sbx.box, box_options(sbx, opts, task))
+    if not bok then
+      -- A bad option (a typo, a wrong type) in the task's box is the task's
+      -- fault; anything else (an interrupt) goes on up.
+      local msg = type(b) == "string" and b:match("sbx%.box: (.*)$")
+      if not msg then error(b, 0) end
+      infra(msg, "bad_task")
+    end
     if not b then infra(err, code) end
     box = b
     return task_body(sbx, b, task, res)
@@ -347,7 +449,7 @@ function M.run(opts)
   if type(opts) ~= "table" or type(opts.tasks) ~= "table" then
     error("harness.run expects { tasks = list, ... }", 2)
   end
-  local concurrency = opts.concurrency or 4
+  local concurrency = opts.concurrency or sbx.policy.harness.concurrency
   if math.type(concurrency) ~= "integer" or concurrency < 1 then
     error("concurrency must be a positive integer", 2)
   end
@@ -482,7 +584,7 @@ function M.run(opts)
   table.sort(durations)
   table.sort(by_time, function(a, b) return (a.duration or 0) > (b.duration or 0) end)
   local slowest = {}
-  for i = 1, math.min(5, #by_time) do slowest[i] = by_time[i] end
+  for i = 1, math.min(sbx.policy.harness.slowest, #by_time) do slowest[i] = by_time[i] end
   local ran = #results
   local summary = {
     total = #tasks,

@@ -6,24 +6,14 @@
 --   httpc.sse_parser()         the pure SSE parser: p:feed(bytes) -> events
 --
 -- Failures of the environment return nil, message, code; misuse raises.
--- Every knob below is a plain field: reassign it to change the default.
+-- Defaults (backoff, retried codes and statuses) come from policy.http.
 local core = require "sbx.core"
 
 local http, json = require "sbx.http", core.json
 
 local M = {}
 
--- Defaults for opts.backoff: full jitter, delay = random(0, min(max, base * 2^n)).
-M.backoff = { base = 0.2, max = 5, max_retry_after = 60 }
-
--- Transport failures worth another attempt (codes from core.http). A timeout
--- is left out: the server may have acted on the request.
-M.retry_codes = { ECONNREFUSED = true, closed = true }
-
--- Statuses worth another attempt.
-function M.retry_status(status)
-  return status == 429 or (status >= 500 and status <= 599)
-end
+local function pol() return require("sbx").policy.http end
 
 -- Hooks the tests (or a policy) may replace.
 M.sleep = core.sleep
@@ -57,11 +47,12 @@ function M.request(opts)
   if type(opts) ~= "table" then error("httpc.request expects a table of options", 2) end
   local retries = opts.retries or 0
   if type(retries) ~= "number" or retries < 0 then error("retries must be a number >= 0", 2) end
-  local bo = opts.backoff or {}
-  local base = bo.base or M.backoff.base
-  local max = bo.max or M.backoff.max
-  local max_ra = bo.max_retry_after or M.backoff.max_retry_after
-  local codes = opts.retry_codes or M.retry_codes
+  local bo, defaults = opts.backoff or {}, pol()
+  local base = bo.base or defaults.backoff.base
+  local max = bo.max or defaults.backoff.max
+  local max_ra = bo.max_retry_after or defaults.backoff.max_retry_after
+  local codes = opts.retry_codes or defaults.retry_codes
+  local statuses = opts.retry_statuses or defaults.retry_statuses
   local delays = {}
   local attempt = 0
   while true do
@@ -70,7 +61,7 @@ function M.request(opts)
     local last = attempt > retries
     local retry, why = false, nil
     if r then
-      if type(r) == "table" and r.status and M.retry_status(r.status) then
+      if type(r) == "table" and r.status and statuses[r.status] then
         retry, why = true, r.status
       end
     elseif codes[code] then

@@ -45,27 +45,56 @@ end
 
 sbx.policy = deep_copy(defaults)
 sbx.merge_policy = merge
+sbx.deep_copy = deep_copy
+sbx.policy_check = require "sbx.policy_check"
 
--- Loads a policy overlay: a table, a bundled name ("lm-deluge") or a file
--- path whose chunk returns a table (or edits sbx.policy and returns nothing).
-function sbx.use_policy(p)
+-- Policy changes bump this, so what was derived from the policy (a box's
+-- merged view) is derived again.
+sbx.policy_generation = 0
+
+-- sbx.load_policy(p [, base]) -> overlay: a table, a bundled name
+-- ("lm-deluge") or a file whose chunk returns a table. A file's chunk gets a
+-- copy of base (the live policy by default) and may edit it and return
+-- nothing, which makes that copy the overlay. The overlay is validated:
+-- a mistake raises an error naming the field and what it needs.
+function sbx.load_policy(p, base)
   local overlay = p
+  local what = type(p) == "string" and string.format("policy '%s': ", p) or ""
   if type(p) == "string" then
     local ok, mod = pcall(require, "sbx.policies." .. p)
     if ok then
-      overlay = mod
+      overlay = deep_copy(mod)
     else
       local chunk, err = loadfile(p, "t")
       if not chunk then
-        error(string.format("policy '%s' is neither a bundled policy nor a readable file: %s", p, err), 2)
+        error(string.format("policy '%s' is neither a bundled policy nor a readable file: %s", p, err), 0)
       end
-      overlay = chunk(sbx.policy)
+      local work = deep_copy(base or sbx.policy)
+      local cok, ret = pcall(chunk, work)
+      if not cok then error(string.format("policy '%s' failed to load: %s", p, tostring(ret)), 0) end
+      overlay = ret == nil and work or ret
     end
+  elseif type(p) == "table" then
+    overlay = deep_copy(p)
   end
-  if overlay ~= nil then
-    if type(overlay) ~= "table" then error("a policy must return a table", 2) end
-    merge(sbx.policy, deep_copy(overlay))
+  if type(overlay) ~= "table" then
+    error(string.format("%sa policy must be a table (got %s)", what, type(overlay)), 0)
   end
+  local ok, msg = sbx.policy_check.policy(overlay)
+  if not ok then error(what .. msg, 0) end
+  return overlay
+end
+
+-- sbx.use_policy(file_or_name_or_table) -> the live policy, with the
+-- overlay merged in. Every box reads the live policy at each call, so the
+-- change reaches the next call of every existing box.
+function sbx.use_policy(p)
+  local overlay = sbx.load_policy(p)
+  local merged = merge(deep_copy(sbx.policy), overlay)
+  local ok, msg = sbx.policy_check.policy(merged)
+  if not ok then error(msg, 0) end
+  merge(sbx.policy, overlay)
+  sbx.policy_generation = sbx.policy_generation + 1
   return sbx.policy
 end
 

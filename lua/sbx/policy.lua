@@ -3,9 +3,20 @@
 -- --policy FILE, SBX_POLICY, or sbx.use_policy from a script) returns a table
 -- that is merged over this one: tables merge key by key, anything else
 -- (numbers, strings, lists, functions) replaces the default.
+--
+-- Hooks (the functions below) are plain functions in this table; a policy
+-- replaces one by assigning another. Every hook is called with the live,
+-- merged policy as its last argument (`pol`), and the defaults call each
+-- other through it, never through this file's table: overriding
+-- format_output or output.head_chars changes what format_result produces.
+-- Types and ranges of every knob are checked when a policy is loaded
+-- (sbx.policy_check; `sbx policy check FILE`).
 local KiB, MiB = 1024, 1024 * 1024
 
 local policy = {}
+
+-- The live policy when a caller passes none (a hook called by hand).
+local function live(pol) return pol or require("sbx").policy end
 
 -- Box defaults: what sbx.box{} uses for every option the caller leaves out.
 policy.box = {
@@ -89,7 +100,45 @@ policy.mcp = {
 policy.http = {
   max_body = 64 * MiB,          -- a response body beyond this is cut (truncated = true)
   max_buffer = 1 * MiB,         -- a streamed body read ahead of its reader; then the transfer pauses
+  -- sbx.httpc retries (opts.retries = n): full jitter, delay =
+  -- random(0, min(max, base * 2^n)); Retry-After is honoured up to
+  -- max_retry_after seconds. A request's own opts.backoff wins.
+  backoff = { base = 0.2, max = 5, max_retry_after = 60 },
+  -- Transport failures worth another attempt (codes from core.http). A
+  -- timeout is left out: the server may have acted on the request.
+  retry_codes = { ECONNREFUSED = true, closed = true },
+  retry_statuses = { [429] = true, [500] = true, [502] = true, [503] = true, [504] = true },
 }
+
+-- The Docker backend's calls to the daemon (seconds).
+policy.docker = {
+  api_timeout = 120,            -- one Engine API call, the whole transfer
+  ping_timeout = 10,            -- /_ping while looking for a daemon
+  ping_connect_timeout = 5,
+  pull_timeout = 1800,          -- pulling an image
+  kill_timeout = 10,            -- the in-box kill command
+  -- An exec's exit code is read once its stream ended; the daemon may lag.
+  exit_poll = { attempts = 50, fast = 10, fast_interval = 0.01, interval = 0.1 },
+  -- After an interrupted create the daemon may still be making the
+  -- container: its removal is retried this often, this far apart.
+  remove_retries = 20, remove_interval = 0.1,
+}
+
+-- sbx eval and sbx.harness.run.
+policy.harness = {
+  concurrency = 4,              -- tasks at once when the caller gives none
+  value_max = 4096,             -- bytes of a Lua check's return value kept in a result
+  slowest = 5,                  -- tasks listed as the slowest in the summary
+  -- Box options a task file may set. Task files are data, often a
+  -- stranger's: numbers from a task may only lower the policy's values and
+  -- its network may only be "none"; anything outside this list makes the
+  -- task an error naming the option. policy, host_config, docker_host,
+  -- labels, backend and transport are never taken from a task file.
+  task_box_options = { "image", "workdir", "env", "memory", "cpus", "pids", "disk", "read_only", "lifetime" },
+}
+
+-- Free for a policy's own data (a log path, a deny list): sbx never reads it.
+policy.user = {}
 
 -- Call traces (sbx.trace): every box call as one JSON line.
 policy.trace = {
@@ -101,13 +150,56 @@ policy.trace = {
   record_stdin = false,         -- record exec stdin and write_file data (else only their size)
 }
 
+-- Hooks and budgets: what a policy decides, not only what it says ---------------
+
+-- policy.hooks.before_exec(box, req, pol) runs before every user command
+-- (box:exec, box:spawn, tool calls, harness phases, session commands; never
+-- sbx's own helpers such as file transfer or kill). req is
+--   { command, argv, env, cwd, user, timeout, stdin_bytes, background, source }
+-- with command as the caller gave it (a string or an argv table), env a
+-- table NAME = value and source one of "exec", "spawn", "tool", "harness",
+-- "session". Return nothing to run req as is, a (changed) req table to run
+-- that instead (a new command is turned into argv again), or false and a
+-- message to refuse: the caller gets nil, message, "denied".
+-- policy.hooks.after_exec(box, req, result, pol) sees every result (for a
+-- background process: its process view when it ends) and returns nothing to
+-- keep it or a table to replace it (ignored for background processes).
+policy.hooks = {
+  before_exec = nil,
+  after_exec = nil,
+}
+
+-- Per-box budgets (nil: unlimited). A refused command counts against none.
+--   commands: user commands started; seconds: their wall time summed (the
+--   rest caps the next command's timeout); output_bytes: bytes produced
+--   (stdout + stderr, counted even when not kept). box.usage shows the
+--   counters. Past a budget a command returns nil, message, "budget_exceeded".
+policy.budget = {
+  commands = nil,
+  seconds = nil,
+  output_bytes = nil,
+}
+
+local BUDGET_UNITS = { commands = "commands", seconds = "s", output_bytes = "bytes of output" }
+
+-- The message of a command refused by a budget.
+function policy.format_budget_exceeded(which, used, limit)
+  local unit = BUDGET_UNITS[which] or which
+  return string.format("the box's %s budget is used up: %s of %s %s used",
+    which:gsub("_", " "), (math.type(used) == "float" and string.format("%.1f", used) or tostring(used)),
+    tostring(limit), unit)
+end
+
+-- The message of a command refused by before_exec without one of its own.
+policy.denied_message = "the policy does not allow this command"
+
 -- Process names: p1, p2, ...
-function policy.process_name(box, n)
+function policy.process_name(box, n, pol)
   return "p" .. n
 end
 
 -- The shell argv for a command string.
-function policy.shell_argv(shell, command)
+function policy.shell_argv(shell, command, pol)
   if type(shell) == "table" then
     local argv = { table.unpack(shell) }
     argv[#argv + 1] = command
@@ -138,14 +230,22 @@ end
 local function last_chars(s, n)
   local len = char_len(s)
   if len <= n then return s end
+  if n == 0 then return "" end
   return s:sub(utf8.offset(s, len - n + 1))
 end
 policy.first_chars, policy.last_chars = first_chars, last_chars
 
+-- What stands in for the bytes a capture left out, inside result.stdout,
+-- result.stderr and result.output (the program's view, not the model's).
+function policy.omitted_marker(part, pol)
+  return string.format("\n...[%d bytes omitted]...\n", part.omitted)
+end
+
 -- Head and tail with a line that says how much is missing, in bytes, so the
 -- model knows the size of what it did not see (and can read it from a file).
-function policy.format_output(part, limits)
-  limits = limits or policy.output
+-- part: { head, tail, omitted, bytes } as in result.parts.
+function policy.format_output(part, pol)
+  local limits = live(pol).output
   local head, tail, omitted = part.head, part.tail, part.omitted
   if omitted == 0 then
     -- Everything was captured; cut only for the model's view.
@@ -166,8 +266,9 @@ function policy.format_output(part, limits)
 end
 
 -- The text for one command result.
-function policy.format_result(r)
-  local out = policy.format_output(r.parts.output)
+function policy.format_result(r, pol)
+  pol = live(pol)
+  local out = pol.format_output(r.parts.output, pol)
   local lines = {}
   if r.timed_out then
     lines[#lines + 1] = string.format("[Timed out after %gs; the command and its child processes were killed]", r.timeout)
@@ -188,26 +289,26 @@ function policy.format_result(r)
   return table.concat(lines, "\n")
 end
 
-function policy.format_started(p)
+function policy.format_started(p, pol)
   return string.format("Started background process '%s'.\nCommand: %s\nUse list_processes to check its status, process_output to read its output, kill_process to stop it.",
     p.name, p.command)
 end
 
-local function status_text(p)
+function policy.status_text(p, pol)
   if p.status == "running" then return "running" end
   if p.status == "killed" then return "killed" end
   if p.status == "failed" then return "failed: " .. tostring(p.error) end
   return "exited " .. tostring(p.exit_code)
 end
-policy.status_text = status_text
 
-function policy.format_processes(list, name)
+function policy.format_processes(list, name, pol)
+  pol = live(pol)
   if #list == 0 then return "No background processes have been started." end
   if name then
     for _, p in ipairs(list) do
       if p.name == name then
         return string.format("Process: %s\nCommand: %s\nStatus: %s\nRunning for: %.1fs\nOutput: %d bytes",
-          p.name, p.command, status_text(p), p.elapsed, p.output_bytes)
+          p.name, p.command, pol.status_text(p, pol), p.elapsed, p.output_bytes)
       end
     end
     local names = {}
@@ -217,40 +318,51 @@ function policy.format_processes(list, name)
   local rows = { string.format("%-8s %-12s %-9s %-10s %s", "NAME", "STATUS", "ELAPSED", "OUTPUT", "COMMAND") }
   for _, p in ipairs(list) do
     local cmd = p.command
-    if utf8.len(cmd) and utf8.len(cmd) > 60 then cmd = first_chars(cmd, 60) .. "..." end
-    rows[#rows + 1] = string.format("%-8s %-12s %-9s %-10s %s", p.name, status_text(p),
+    if char_len(cmd) > 60 then cmd = first_chars(cmd, 60) .. "..." end
+    rows[#rows + 1] = string.format("%-8s %-12s %-9s %-10s %s", p.name, pol.status_text(p, pol),
       string.format("%.1fs", p.elapsed), p.output_bytes .. "B", cmd)
   end
   return table.concat(rows, "\n")
 end
 
-function policy.format_process_output(o)
+function policy.format_process_output(o, pol)
+  pol = live(pol)
   local lines = {}
   if o.skipped > 0 then
     lines[#lines + 1] = string.format("[%d bytes before offset %d are no longer kept]", o.skipped, o.offset + o.skipped)
   end
   lines[#lines + 1] = o.text ~= "" and o.text or "(no new output)"
-  lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", status_text(o.process), o.next_offset, o.total)
+  lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", pol.status_text(o.process, pol), o.next_offset, o.total)
   return table.concat(lines, "\n")
 end
 
-function policy.format_killed(p)
-  return string.format("Process '%s' stopped (%s).", p.name, status_text(p))
+function policy.format_killed(p, pol)
+  pol = live(pol)
+  return string.format("Process '%s' stopped (%s).", p.name, pol.status_text(p, pol))
 end
 
 -- How a failed tool call reads to the model: it says what to change.
-function policy.format_tool_error(msg)
+function policy.format_tool_error(msg, pol)
   return "Error: " .. msg
 end
 
 -- The tools handed to a model --------------------------------------------------
+-- A tool: { description, parameters = { { name, json schema, required = },
+-- ... }, run = function(box, args, ctx, pol) (optional; the built-in
+-- handler of that name otherwise), name = (optional; the key) }. A
+-- description (the tool's or a parameter's) may be a function of the live
+-- policy, so the numbers a model reads are the policy's own. false removes
+-- a tool.
 
 policy.tools = {
   bash = {
     description = "Run a shell command in the sandbox (bash when the image has it, else sh) and return its output. stdin is closed; nothing interactive works. Long output keeps its beginning and end. A command that runs past its timeout is killed with all its child processes. Set run_in_background=true for servers and other long-running processes, then use process_output and kill_process.",
     parameters = {
       { "command", { type = "string", description = "The shell command to run." }, required = true },
-      { "timeout", { type = "integer", minimum = 1, description = "Seconds before the command is killed (default 120, at most 3600). Ignored with run_in_background." } },
+      { "timeout", { type = "integer", minimum = 1, description = function(pol)
+        return string.format("Seconds before the command is killed (default %s, at most %s). Ignored with run_in_background.",
+          tostring(pol.exec.timeout), tostring(pol.exec.max_timeout))
+      end } },
       { "run_in_background", { type = "boolean", description = "Start the command and return at once with a process name instead of waiting for it." } },
       { "name", { type = "string", description = "Name for a background process (letters, digits, '_', '.', '-'); default p1, p2, ..." } },
     },
@@ -266,7 +378,9 @@ policy.tools = {
     parameters = {
       { "name", { type = "string", description = "The process name." }, required = true },
       { "offset", { type = "integer", minimum = 0, description = "Byte offset to read from (default 0)." } },
-      { "max_bytes", { type = "integer", minimum = 1, description = "Most bytes to return (default 65536)." } },
+      { "max_bytes", { type = "integer", minimum = 1, description = function(pol)
+        return string.format("Most bytes to return (default %d).", pol.background.read_max)
+      end } },
     },
   },
   kill_process = {

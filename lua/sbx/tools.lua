@@ -97,14 +97,21 @@ end
 
 -- Definitions -------------------------------------------------------------------
 
--- A tool definition from policy: { name, description, schema, run }.
-local function build(name, def)
+-- A text of the policy: a string, or a function of the policy giving one.
+local function text_of(v, pol)
+  if type(v) == "function" then return v(pol) end
+  return v
+end
+
+-- A tool definition from policy: { name, description, schema, order, run }.
+local function build(name, def, pol)
   local props, order, required = {}, {}, {}
   for _, p in ipairs(def.parameters or {}) do
-    local pname, pschema = p[1], p[2]
-    if not getmetatable(pschema) then
-      setmetatable(pschema, { __jsonorder = { "type", "description" } })
-    end
+    local pname = p[1]
+    local pschema = {}
+    for k, v in pairs(p[2]) do pschema[k] = v end
+    pschema.description = text_of(pschema.description, pol)
+    setmetatable(pschema, getmetatable(p[2]) or { __jsonorder = { "type", "description" } })
     props[pname] = pschema
     order[#order + 1] = pname
     if p.required then required[#required + 1] = pname end
@@ -115,69 +122,70 @@ local function build(name, def)
     required = json.array(required),
     additionalProperties = false,
   }, { __jsonorder = { "type", "properties", "required", "additionalProperties" } })
-  return { name = def.name or name, description = def.description, schema = schema, order = order, run = def.run }
+  return { name = def.name or name, description = text_of(def.description, pol), schema = schema, order = order, run = def.run }
 end
 
--- The default handlers; a policy replaces one with tools.NAME.run.
+-- The default handlers: run(box, args, ctx, pol) -> text [, is_error]. A
+-- policy replaces one with tools.NAME.run.
 local handlers = {}
 
 local function opt(v)
   if v == json.null or v == "" then return nil end
   return v
 end
+M.opt = opt
 
-function handlers.bash(box, a, ctx)
-  local pol = sbx.policy
-  local background = opt(a.run_in_background)
-  if a.wait ~= nil and opt(a.wait) == false then background = true end
-  if background then
-    local name, err = box:spawn(a.command, { name = opt(a.name) })
-    if not name then return pol.format_tool_error(err), true end
+function handlers.bash(box, a, ctx, pol)
+  if opt(a.run_in_background) then
+    local name, err = box:spawn(a.command, { name = opt(a.name), source = "tool" })
+    if not name then return pol.format_tool_error(err, pol), true end
     local p = box.procs[name]
-    return pol.format_started({ name = name, command = p.command })
+    return pol.format_started({ name = name, command = p.command }, pol)
   end
-  local timeout = opt(a.timeout)
-  local r, err = box:exec(a.command, { timeout = timeout, on_output = ctx and ctx.on_output })
-  if not r then return pol.format_tool_error(err), true end
-  return pol.format_result(r)
+  local r, err = box:exec(a.command, { timeout = opt(a.timeout), on_output = ctx and ctx.on_output, source = "tool" })
+  if not r then return pol.format_tool_error(err, pol), true end
+  return pol.format_result(r, pol)
 end
 
-function handlers.list_processes(box, a)
-  return sbx.policy.format_processes(box:processes(), opt(a.name))
+function handlers.list_processes(box, a, _, pol)
+  return pol.format_processes(box:processes(), opt(a.name), pol)
 end
 
-function handlers.process_output(box, a)
+function handlers.process_output(box, a, _, pol)
   local o, err = box:output(a.name, { offset = opt(a.offset), max_bytes = opt(a.max_bytes) })
-  if not o then return sbx.policy.format_tool_error(err), true end
-  return sbx.policy.format_process_output(o)
+  if not o then return pol.format_tool_error(err, pol), true end
+  return pol.format_process_output(o, pol)
 end
 
-function handlers.kill_process(box, a)
+function handlers.kill_process(box, a, _, pol)
   local p, err = box:kill(a.name, opt(a.signal))
-  if not p then return sbx.policy.format_tool_error(err), true end
-  return sbx.policy.format_killed(p)
+  if not p then return pol.format_tool_error(err, pol), true end
+  return pol.format_killed(p, pol)
 end
 M.handlers = handlers
 
--- sbx.tools.definitions() -> list of tool definitions from the active policy
-function M.definitions()
-  local pol = sbx.policy
+-- sbx.tools.definitions([pol]) -> list of tool definitions from a policy
+-- (the live one by default), descriptions rendered with its values.
+function M.definitions(pol)
+  pol = pol or sbx.policy
   local list = {}
   for _, name in ipairs(pol.tool_order) do
     local def = pol.tools[name]
-    if def then list[#list + 1] = build(name, def) end
+    if def then list[#list + 1] = build(name, def, pol) end
   end
   return list
 end
 
--- The tools of one box: a list of definitions whose run is bound to it.
+-- The tools of one box: definitions from the box's policy whose run is
+-- bound to it. Each call reads the box's policy as it is then.
 function M.for_box(box)
-  local list = M.definitions()
+  local list = M.definitions(box:policy())
   for _, t in ipairs(list) do
     local run = t.run or handlers[t.name]
     if not run then error("tool '" .. t.name .. "' has no handler (set tools." .. t.name .. ".run in the policy)") end
-    t.run = function(args, ctx) return run(box, args, ctx) end
+    t.run = function(args, ctx) return run(box, args, ctx, box:policy()) end
   end
+  list.box = box
   return list
 end
 
@@ -190,33 +198,33 @@ end
 -- args may be a JSON string or a table. Nothing raises for a model's
 -- mistake. ctx is handed to the handler (ctx.on_output streams output).
 function M.call(tools, name, args, ctx)
-  local pol = sbx.policy
+  local pol = tools.box and tools.box:policy() or sbx.policy
   local tool
   for _, t in ipairs(tools) do if t.name == name then tool = t end end
   if not tool then
     local names = {}
     for _, t in ipairs(tools) do names[#names + 1] = t.name end
-    return pol.format_tool_error(string.format("there is no tool named '%s'; available tools: %s", tostring(name), table.concat(names, ", "))), true
+    return pol.format_tool_error(string.format("there is no tool named '%s'; available tools: %s", tostring(name), table.concat(names, ", ")), pol), true
   end
   if args == nil or args == "" then args = {} end
   if type(args) == "string" then
     local decoded, err = json.decode(args)
     if decoded == nil then
-      return pol.format_tool_error(string.format("the arguments for %s are not valid JSON (%s); send a JSON object such as {\"command\": \"ls\"}", name, err)), true
+      return pol.format_tool_error(string.format("the arguments for %s are not valid JSON (%s); send a JSON object such as {\"command\": \"ls\"}", name, err), pol), true
     end
     args = decoded
   end
   if type(args) ~= "table" or type_of(args) == "array" and next(args) ~= nil then
-    return pol.format_tool_error(string.format("the arguments for %s must be a JSON object, not %s", name, describe(args))), true
+    return pol.format_tool_error(string.format("the arguments for %s must be a JSON object, not %s", name, describe(args)), pol), true
   end
   local ok, err = M.validate(args, tool.schema, "arguments")
-  if not ok then return pol.format_tool_error(string.format("invalid arguments for %s: %s", name, err)), true end
+  if not ok then return pol.format_tool_error(string.format("invalid arguments for %s: %s", name, err), pol), true end
   local res = table.pack(pcall(tool.run, args, ctx))
   if not res[1] then
     -- A cancelled or interrupted call is the caller's business, not the model's.
     local msg = tostring(res[2])
     if msg:find("^cancelled") or msg:find("^interrupted") then error(res[2], 0) end
-    return pol.format_tool_error(msg), true
+    return pol.format_tool_error(msg, pol), true
   end
   return tostring(res[2]), res[3] == true
 end

@@ -1,12 +1,21 @@
 -- The Docker backend: box lifecycle and command transport over the Engine
 -- API (libcurl for requests, a raw hijacked socket for exec streams).
 -- Works against Docker and Podman's Docker-compatible service; see
--- ../shared/reference/docker-api.md for the measured behaviour this follows.
+-- docs/docker-api.md for the measured behaviour this follows.
 local core = require "sbx.core"
 local json, http = core.json, require "sbx.http"
 
 local M = {}
 local CLIENT_API = "1.47"   -- the newest API this code is written against
+
+-- Box options only this backend takes (sbx.policy_check rules).
+function M.options(check)
+  -- Raw HostConfig fields merged over what sbx sets: trusted code only
+  -- (a task file may never set it).
+  return { host_config = check.map(check.ANY) }
+end
+
+local function pol() return require("sbx").policy.docker end
 
 local daemons = {}          -- endpoint string -> daemon (one ping per process)
 
@@ -67,7 +76,8 @@ function M.connect(explicit)
     elseif d.unix_socket and #cands > 1 and not exists(d.unix_socket) then
       tried[#tried + 1] = ep .. " (no such socket)"
     else
-      local r, err = http.request { url = d.base .. "/_ping", unix_socket = d.unix_socket, timeout = 10, connect_timeout = 5 }
+      local r, err = http.request { url = d.base .. "/_ping", unix_socket = d.unix_socket,
+        timeout = pol().ping_timeout, connect_timeout = pol().ping_connect_timeout }
       if r and r.status == 200 then
         local server = r.headers["api-version"] or "1.24"
         d.endpoint = ep
@@ -94,7 +104,7 @@ local function call(d, method, path, body, opts)
     url = d.prefix .. path, method = method, unix_socket = d.unix_socket,
     headers = body and { ["Content-Type"] = "application/json" } or nil,
     body = body and json.encode(body) or nil,
-    timeout = opts.timeout or 120, detached = opts.detached,
+    timeout = opts.timeout or pol().api_timeout, detached = opts.detached,
   }
   if opts.detached then return r end
   if not r then
@@ -127,7 +137,7 @@ local function ensure_image(d, image, pull)
   if not name then name, tag = image, "latest" end
   local r, err = http.request {
     url = d.prefix .. "/images/create?fromImage=" .. urlq(name) .. "&tag=" .. urlq(tag),
-    method = "POST", unix_socket = d.unix_socket, timeout = 1800, body = "",
+    method = "POST", unix_socket = d.unix_socket, timeout = pol().pull_timeout, body = "",
   }
   local failure
   if not r then failure = err
@@ -225,10 +235,10 @@ function M.create(spec, pol)
   local function remove(racing)
     -- After an aborted create the daemon may still be making the container:
     -- a 404 then means "not yet", so look again for a moment.
-    for _ = 1, racing and 20 or 1 do
+    for _ = 1, racing and pol().remove_retries or 1 do
       local st = call(d, "DELETE", "/containers/" .. urlq(name) .. "?force=true&v=true", nil, { ok = { [404] = true, [409] = true } })
       if st ~= 404 then return end
-      core.sleep(0.1)
+      core.sleep(pol().remove_interval)
     end
   end
   -- The name is known before the daemon answers: whatever stops us half way
@@ -321,7 +331,8 @@ function M.finish(h, job)
     local msg = type(j) == "table" and j.message or info.body or "no answer"
     return nil, "the daemon refused to start the command: " .. tostring(msg), "exec_failed"
   end
-  for attempt = 1, 50 do
+  local poll = pol().exit_poll
+  for attempt = 1, poll.attempts do
     local st, r, code = call(h.daemon, "GET", "/exec/" .. job.id .. "/json")
     if not st then
       if code == "not_found" then return nil, "the box went away while the command ran", "box_gone" end
@@ -332,7 +343,7 @@ function M.finish(h, job)
       job.exit_code = r.ExitCode
       return r.ExitCode
     end
-    core.sleep(attempt < 10 and 0.01 or 0.1)
+    core.sleep(attempt < poll.fast and poll.fast_interval or poll.interval)
   end
   return nil, "the daemon did not report an exit code", "no_exit_code"
 end
@@ -343,7 +354,7 @@ function M.kill(h, job, signal)
   local id, err, code = exec_create(h, req)
   if not id then return nil, err, code end
   local s = open_stream(h, id, req)
-  if s:wait(10) ~= "eof" then s:close() return nil, "the kill command did not finish", "timeout" end
+  if s:wait(pol().kill_timeout) ~= "eof" then s:close() return nil, "the kill command did not finish", "timeout" end
   local exit_code, ferr, fcode = M.finish(h, { id = id, stream = s })
   if exit_code ~= 0 then
     local msg = s:captured("stderr")

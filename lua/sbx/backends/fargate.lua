@@ -74,6 +74,9 @@ local function get_clients(spec)
   return c
 end
 
+-- Box options only this backend takes: every policy.fargate knob.
+function M.options(check) return check.section_rules("fargate") end
+
 local function fspec(spec)
   -- Box options win over policy.fargate, key by key.
   local f = {}

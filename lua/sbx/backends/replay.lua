@@ -26,6 +26,11 @@ local trace = require "sbx.trace"
 
 local M = {}
 
+-- Box options only this backend takes.
+function M.options(check)
+  return { trace = check.str(), trace_box = check.rule({ "string", "integer" }) }
+end
+
 local claimed = {}        -- trace path -> number of recorded creates handed out
 
 local function mismatch(msg) return nil, "replay mismatch: " .. msg, "replay_mismatch" end

@@ -26,6 +26,9 @@ policy.exec = {
   },
 }
 
+-- The model sees the last 5000 characters (output.tail_chars), no head.
+policy.output = { head_chars = 0, tail_chars = MAX_CHARS }
+
 local function last_chars(s, n)
   local len = utf8.len(s)
   if not len or len <= n then return s, len and len > n end
@@ -34,14 +37,15 @@ end
 
 -- `[Exit code: N]` first when non-zero, the last 5000 characters after
 -- `...[truncated]...`, `(no output)` when empty, `[Timeout after Ns]`.
-function policy.format_result(r)
+function policy.format_result(r, pol)
+  pol = pol or require("sbx").policy
   if r.timed_out then
     return string.format("[Timeout after %ss]", tostring(r.timeout))
   end
   local part = r.parts.output
   local text = part.head .. part.tail
   local cut = part.omitted > 0
-  local tail, longer = last_chars(text, MAX_CHARS)
+  local tail, longer = last_chars(text, pol.output.tail_chars)
   if cut or longer then text = "...[truncated]...\n" .. tail end
   if r.exit_code ~= 0 then
     text = string.format("[Exit code: %s]\n%s", r.exit_code == nil and "None" or tostring(r.exit_code), text)
@@ -49,7 +53,7 @@ function policy.format_result(r)
   return text ~= "" and text or "(no output)"
 end
 
-function policy.format_started(p)
+function policy.format_started(p, pol)
   return string.format("Started background process '%s'.\nCommand: %s\nUse list_processes() to check status.", p.name, p.command)
 end
 
@@ -57,7 +61,7 @@ local function exit_text(p)
   return p.exit_code == nil and "None" or tostring(p.exit_code)
 end
 
-function policy.format_processes(list, name)
+function policy.format_processes(list, name, pol)
   if #list == 0 then return "No background processes have been started." end
   if name then
     for _, p in ipairs(list) do
@@ -82,12 +86,25 @@ end
 
 -- Exceptions reach the model as "Error: <message>", as in the default policy.
 
+-- bash(wait=false) is the default tool's run_in_background.
+local function run_bash(box, a, ctx, pol)
+  local tools = require "sbx.tools"
+  local args = {}
+  for k, v in pairs(a) do args[k] = v end
+  args.wait = nil
+  if a.wait ~= nil and tools.opt(a.wait) == false then args.run_in_background = true end
+  return tools.handlers.bash(box, args, ctx, pol)
+end
+
 policy.tools = {
   bash = {
+    run = run_bash,
     description = "Execute a bash command in the Docker sandbox environment. The sandbox has Python 3.12 and uv pre-installed. Use 'apt-get update && apt-get install -y <package>' for system packages. Set wait=false to run servers or long-running processes in background.",
     parameters = {
       { "command", { type = "string", description = "The shell command to execute" }, required = true },
-      { "timeout", { type = "integer", description = "Timeout in seconds (default: 60, only for wait=true)" } },
+      { "timeout", { type = "integer", description = function(pol)
+        return string.format("Timeout in seconds (default: %s, only for wait=true)", tostring(pol.exec.timeout))
+      end } },
       { "wait", { type = "boolean", description = "If true (default), wait for completion. If false, run in background." } },
       { "name", { type = "string", description = "Name for background process (e.g., 'server'). Only used with wait=false." } },
     },
