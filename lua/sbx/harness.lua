@@ -234,7 +234,8 @@ end
 
 -- The box options a task may set (task files are data, often a stranger's):
 -- names from policy.harness.task_box_options, numbers that only lower the
--- effective value, a network of "none" only. Returns nil or a message.
+-- effective value, a network of "none" only (always allowed, as is a
+-- read-only root). Returns nil or a message.
 local NEVER_FROM_TASK = { policy = true, host_config = true, docker_host = true, labels = true,
   backend = true, transport = true }
 local LOWER_ONLY = { memory = true, cpus = true, pids = true, disk = true, lifetime = true }
@@ -250,7 +251,9 @@ local function task_box_error(pol, base, task_box)
     if NEVER_FROM_TASK[k] then
       return string.format("the task's box sets '%s', which a task file may never set", k)
     end
-    if not allowed[k] then
+    -- Tightening is always allowed: no network, a read-only root.
+    local tightens = (k == "network" and v == "none") or (k == "read_only" and v == true)
+    if not allowed[k] and not tightens then
       return string.format("the task's box sets '%s', which the policy does not let a task set (policy.harness.task_box_options: %s)",
         k, table.concat(pol.harness.task_box_options or {}, ", "))
     end
