@@ -98,6 +98,45 @@ tap.is(code, "not_found", "output of an unknown process")
 x, err, code = box:kill("nope")
 tap.is(code, "not_found", "kill of an unknown process")
 
+-- A timed-out script never runs its next step: the kill stops the whole
+-- tree before it kills it (a parent shell killed after its child would go
+-- on). Six fresh boxes each, bash and busybox.
+local function next_step_never_runs(image, label)
+  local ran = 0
+  for i = 1, 6 do
+    local b = H.box { image = image }
+    local rr = assert(b:exec("sleep 3; echo AFTER > /tmp/after.txt; echo done", { timeout = 1 }))
+    sbx.sleep(2.5)
+    local seen = b:exec("test -e /tmp/after.txt && echo yes || echo no").stdout
+    if rr.stdout:find("done") or seen ~= "no\n" or not rr.timed_out then ran = ran + 1 end
+    b:close()
+  end
+  tap.is(ran, 0, label .. ": a timed-out script's next step never runs (6 of 6 boxes)")
+end
+next_step_never_runs(H.image, "bash")
+next_step_never_runs(H.busybox, "busybox")
+
+-- The kill cannot be escaped by clearing the job marker (env -i) and
+-- daemonizing (setsid, double fork), even when the job's first process is
+-- already gone and an escapee holds its output open.
+local esc = H.box { image = H.busybox }
+r = assert(esc:exec([[env -i setsid sh -c '(sleep 401 &) ; sleep 402' & env -i sh -c 'sleep 403 > /dev/null 2>&1 &'; sleep 404]], { timeout = 1 }))
+tap.is(r.timed_out, true, "escape: the command timed out")
+sbx.sleep(0.2)
+left = H.procs_matching(esc, "sleep 40[1-4]")
+tap.is(#left, 0, "escape: env -i + setsid + double fork are killed too (" .. table.concat(left, "; ") .. ")")
+r = assert(esc:exec([[env -i setsid sh -c 'sleep 405' & echo bye]], { timeout = 1 }))
+tap.is(r.timed_out, true, "an escapee that holds the output keeps the command open until the timeout")
+sbx.sleep(0.2)
+tap.is(#H.procs_matching(esc, "sleep 405"), 0, "and it is killed although the job's first process had exited")
+local keeper = assert(esc:spawn("sleep 406", { name = "keeper" }))
+r = assert(esc:exec("sleep 30", { timeout = 0.5 }))
+tap.is(esc:processes()[1].status, "running", "another job's background process survives the timeout kill")
+tap.is(#H.procs_matching(esc, "sleep 406"), 1, "(its process is still there)")
+tap.is(esc:exec("echo alive").stdout, "alive\n", "and the box lives on")
+esc:kill(keeper)
+esc:close()
+
 box:close()
 bb:close()
 tap.done()

@@ -353,33 +353,97 @@ local function after_exec(self, pol, req, result)
   return result
 end
 
--- The in-box kill: every process whose environment carries the job's marker
--- (children, grandchildren, even those that called setsid) gets the signal.
--- Markers are 16 hex digits, so no marker is a prefix of another. Backends
--- run this argv inside the box; it prints how many processes it signalled.
+-- The in-box kill (POSIX sh: dash, bash and busybox ash; grep), for
+-- transports that run each command as its own exec. A job's processes are:
+--   * those whose environment carries the job's marker (SBX_JOB=<16 hex
+--     digits>, so no marker is a prefix of another), setsid or not;
+--   * the children of job processes (PPid), which catches `env -i`;
+--   * processes whose stdout or stderr is the job's own pipe;
+--   * orphans (PPid 1) with no SBX_JOB marker at all that started after the
+--     job did (`env -i` plus a double fork): sbx passes how long ago the
+--     job started (in 1/100 s: /proc/uptime's unit and USER_HZ), so this
+--     holds even when the job's first process is gone. The box's own
+--     lifetime process (PID 1, or the first child of an init) is never one.
+-- A KILL first stops every job process (a stopped process cannot fork or
+-- run the next step of a script), looks again until no new one appears,
+-- then kills them all: no later step of a timed-out script ever runs.
+-- What remains on this transport: a process that escapes before its job is
+-- killed AND carries another job's marker, or a marker-less orphan that
+-- started before the job (an earlier daemon) and joined it by no pipe. The
+-- in-box agent's per-job subreaper closes that (see the transport issue).
+-- It prints how many processes it signalled.
 local KILL_SCRIPT = [[
-sig=$1; m="SBX_JOB=$2"; n=0
-for round in 1 2 3; do
-  found=0
+sig=$1; m="SBX_JOB=$2"; age=${3:-0}; me=$$
+job=" "; refs=""; n=0
+in_job() { case "$job" in *" $1 "*) return 0;; esac; return 1; }
+stat_of() {
+  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
+  line=${line##*) }
+  set -- $line
+  ppid=$2; start=${20}
+}
+read up _ < /proc/uptime; up=${up%.*}${up#*.}
+since=$(( up - age - 50 ))
+life=1
+read -r line < /proc/1/stat
+case "$line" in
+  *"(sleep)"*) ;;
+  *) best=""
+     for p in /proc/[0-9]*; do
+       stat_of "${p#/proc/}" || continue
+       [ "$ppid" = 1 ] || continue
+       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
+     done ;;
+esac
+member() {
+  [ "$ppid" = "$me" ] && return 1
+  in_job "$ppid" && return 0
+  for r in $refs; do
+    [ -p "$1/fd/1" ] && [ "$1/fd/1" -ef "$r" ] && return 0
+    [ -p "$1/fd/2" ] && [ "$1/fd/2" -ef "$r" ] && return 0
+  done
+  grep -qs "$m" "$1/environ" && return 0
+  [ "$ppid" = 1 ] && [ "$start" -ge "$since" ] && ! grep -qs "SBX_JOB=" "$1/environ" && return 0
+  return 1
+}
+scan() {
+  new=""
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
-    if grep -qs "$m" "$p/environ" 2>/dev/null; then
-      kill -s "$sig" "$pid" 2>/dev/null && found=$((found+1))
+    [ "$pid" = "$me" ] || [ "$pid" = 1 ] || [ "$pid" = "$life" ] && continue
+    in_job "$pid" && continue
+    stat_of "$pid" || continue
+    if member "$p"; then
+      job="$job$pid "; new="$new $pid"
+      if [ -z "$refs" ] && grep -qs "$m" "$p/environ"; then
+        for fd in 1 2; do [ -p "$p/fd/$fd" ] && refs="$refs $p/fd/$fd"; done
+      fi
     fi
   done
-  n=$((n+found))
-  [ "$sig" = KILL ] || break
-  [ $found -eq 0 ] && break
-done
+  [ -n "$new" ]
+}
+while scan; do :; done
+if [ "$sig" = KILL ]; then
+  for round in 1 2 3 4 5 6 7 8; do
+    for pid in $job; do kill -s STOP "$pid" 2>/dev/null; done
+    scan || break
+  done
+  for pid in $job; do kill -s KILL "$pid" 2>/dev/null && n=$((n+1)); done
+  for pid in $job; do kill -s CONT "$pid" 2>/dev/null; done
+else
+  for pid in $job; do kill -s "$sig" "$pid" 2>/dev/null && n=$((n+1)); done
+fi
 echo "$n"
 ]]
 
 -- The request a backend starts to signal a job's tree: signal with or
--- without "SIG", marker from the job. Small captures: it prints a count.
-function M.kill_request(signal, marker)
+-- without "SIG"; the job's marker and start (core.now() of its start).
+-- Small captures: it prints a count.
+function M.kill_request(signal, job)
   signal = tostring(signal or "KILL"):gsub("^SIG", "")
+  local age = job.started and math.ceil((core.now() - job.started) * 100) or 0
   return {
-    argv = { "sh", "-c", KILL_SCRIPT, "sh", signal, marker }, env = {},
+    argv = { "sh", "-c", KILL_SCRIPT, "sh", signal, job.marker, tostring(age) }, env = {},
     capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
   }
 end
@@ -405,6 +469,7 @@ local function run_request(self, pol, treq, timeout, on_output, command)
   local started = core.now()
   local job, err, code = self.backend.start(self.handle, treq)
   if not job then return nil, err, code end
+  job.started = job.started or started
   local stream = job.stream
   local deadline = started + timeout
   local timed_out = false
@@ -535,8 +600,10 @@ function Box:spawn(command, opts)
   end
   local treq = make_request(req, opts.stdin,
     { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 }, output = bpol.log }, false, pol)
+  local started = core.now()
   local job, jerr, jcode = self.backend.start(self.handle, treq)
   if not job then return nil, jerr, jcode end
+  job.started = job.started or started
   local p = {
     name = name, command = type(command) == "table" and table.concat(command, " ") or command,
     status = "running", started = core.now(), job = job, done = core.event(),

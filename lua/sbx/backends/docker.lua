@@ -350,7 +350,7 @@ end
 
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal)
-  local req = require("sbx.box").kill_request(signal, job.marker)
+  local req = require("sbx.box").kill_request(signal, job)
   local id, err, code = exec_create(h, req)
   if not id then return nil, err, code end
   local s = open_stream(h, id, req)

@@ -587,7 +587,7 @@ end
 
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal)
-  local req = require("sbx.box").kill_request(signal, job.marker)
+  local req = require("sbx.box").kill_request(signal, job)
   req.is_kill = true              -- its own dropped channel must not start another kill
   local kjob, err, code = M.start(h, req)
   if not kjob then return nil, err, code end
