@@ -1,7 +1,7 @@
 -- The Docker backend: box lifecycle and command transport over the Engine
 -- API (libcurl for requests, a raw hijacked socket for exec streams).
 -- Works against Docker and Podman's Docker-compatible service; see
--- ../shared/reference/docker-api.md for the measured behaviour this follows.
+-- docs/docker-api.md for the measured behaviour this follows.
 local core = require "sbx.core"
 local json, http = core.json, require "sbx.http"
 
