@@ -43,9 +43,9 @@ run_one() {
 }
 
 run_one unit_capture "$build/unit_capture"
-# The AWS suites live in ../shared (next to the clone, read-only in CI).
-run_one unit_sigv4 "$build/unit_sigv4" "${SBX_SHARED:-../shared}/testdata/aws-sigv4"
-run_one unit_ssm "$build/unit_ssm" "${SBX_SHARED:-../shared}/testdata/ssm/vectors.jsonl"
+# Vectors from the official AWS projects (licenses in tests/data/*/).
+run_one unit_sigv4 "$build/unit_sigv4" tests/data/aws-sigv4
+run_one unit_ssm "$build/unit_ssm" tests/data/ssm/vectors.jsonl
 run_one embed_test "$build/embed_test"
 # A sanitized sbx.so inside an unsanitized lua5.4 needs the runtimes first.
 preload=
