@@ -10,6 +10,15 @@ BUILD     ?= build
 CC        ?= cc
 LUA       ?= lua5.4
 
+# The git commit the build comes from, with "-dirty" when tracked files
+# differ from it; "unknown" outside a git checkout (a tarball builds too).
+COMMIT    := $(shell test -e .git && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+ifneq ($(COMMIT),unknown)
+ifneq ($(shell git status --porcelain --untracked-files=no 2>/dev/null),)
+COMMIT    := $(COMMIT)-dirty
+endif
+endif
+
 ifneq ($(shell pkg-config --exists $(PKGS) && echo yes),yes)
 $(error missing libraries: run scripts/setup.sh (pkg-config $(PKGS)))
 endif
@@ -35,6 +44,13 @@ all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
 
 $(BUILD)/%.o: src/%.c | $(BUILD)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# core.commit: host.o embeds the commit, and $(BUILD)/commit changes (so
+# host.o is rebuilt) exactly when the commit does.
+$(BUILD)/host.o: $(BUILD)/commit
+$(BUILD)/host.o: CFLAGS += -DSBX_COMMIT='"$(COMMIT)"'
+$(BUILD)/commit: FORCE | $(BUILD)
+	@echo '$(COMMIT)' | cmp -s - $@ || echo '$(COMMIT)' > $@
 
 $(BUILD)/lua_blob.c: scripts/embed.lua $(LUA_SRCS) | $(BUILD)
 	$(LUA) scripts/embed.lua $@ $(LUA_SRCS)
@@ -95,5 +111,7 @@ install: all
 clean:
 	rm -rf build build-asan
 
-.PHONY: all test test-podman check install clean
+FORCE:
+
+.PHONY: all test test-podman check install clean FORCE
 -include $(wildcard $(BUILD)/*.d)
