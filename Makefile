@@ -3,12 +3,15 @@
 #   make test       the whole suite against the real dockerd (README's command)
 #   make check      the suite again under ASan+UBSan
 #   make test-podman  the suite against Podman's Docker-compatible API
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local [DESTDIR=...]
+#                   binary, libraries, header, sbx.pc, man page, Lua module
 PKGS      := lua5.4 libcurl libcjson libuv openssl libwebsockets
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
 LUA       ?= lua5.4
+MANDIR    ?= $(PREFIX)/share/man
+VERSION   := $(shell sed -n 's/^\#define SBX_VERSION "\(.*\)"/\1/p' src/sbx.h)
 
 # The git commit the build comes from, with "-dirty" when tracked files
 # differ from it; "unknown" outside a git checkout (a tarball builds too).
@@ -99,14 +102,19 @@ check:
 	ASAN_OPTIONS=quarantine_size_mb=16:detect_leaks=1:abort_on_error=0 \
 	UBSAN_OPTIONS=print_stacktrace=1 SBX_SANITIZED=1 $(MAKE) BUILD=build-asan SANITIZE=1 test
 
+# sbx.pc names the prefix the files will live under (not DESTDIR).
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
-	  $(DESTDIR)$(PREFIX)/lib/lua/5.4
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(PREFIX)/lib/lua/5.4
 	install -m 755 $(BUILD)/sbx $(DESTDIR)$(PREFIX)/bin/sbx
 	install -m 644 $(BUILD)/libsbx.a $(DESTDIR)$(PREFIX)/lib/libsbx.a
 	install -m 755 $(BUILD)/libsbx.so $(DESTDIR)$(PREFIX)/lib/libsbx.so
 	install -m 644 src/sbx.h $(DESTDIR)$(PREFIX)/include/sbx.h
 	install -m 755 $(BUILD)/sbx.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/sbx.so
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' sbx.pc.in > $(BUILD)/sbx.pc
+	install -m 644 $(BUILD)/sbx.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/sbx.pc
+	sed -e 's|@VERSION@|$(VERSION)|g' docs/sbx.1.in > $(BUILD)/sbx.1
+	install -m 644 $(BUILD)/sbx.1 $(DESTDIR)$(MANDIR)/man1/sbx.1
 
 clean:
 	rm -rf build build-asan
