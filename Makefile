@@ -5,12 +5,15 @@
 #   make test-podman  the suite against Podman's Docker-compatible API
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #                   binary, libraries, header, sbx.pc, man page, Lua module
+#   make module / install-module LUA_CMOD=DIR
+#                   only sbx.so, for sbx-<version>-1.rockspec (luarocks make)
 PKGS      := lua5.4 libcurl libcjson libuv openssl libwebsockets
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
 LUA       ?= lua5.4
 MANDIR    ?= $(PREFIX)/share/man
+LUA_CMOD  ?= $(PREFIX)/lib/lua/5.4
 VERSION   := $(shell sed -n 's/^\#define SBX_VERSION "\(.*\)"/\1/p' src/sbx.h)
 
 # The git commit the build comes from, with "-dirty" when tracked files
@@ -103,23 +106,31 @@ check:
 	UBSAN_OPTIONS=print_stacktrace=1 SBX_SANITIZED=1 $(MAKE) BUILD=build-asan SANITIZE=1 test
 
 # sbx.pc names the prefix the files will live under (not DESTDIR).
-install: all
+install: all install-module
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
-	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(PREFIX)/lib/lua/5.4
+	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(MANDIR)/man1
 	install -m 755 $(BUILD)/sbx $(DESTDIR)$(PREFIX)/bin/sbx
 	install -m 644 $(BUILD)/libsbx.a $(DESTDIR)$(PREFIX)/lib/libsbx.a
 	install -m 755 $(BUILD)/libsbx.so $(DESTDIR)$(PREFIX)/lib/libsbx.so
 	install -m 644 src/sbx.h $(DESTDIR)$(PREFIX)/include/sbx.h
-	install -m 755 $(BUILD)/sbx.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/sbx.so
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' sbx.pc.in > $(BUILD)/sbx.pc
 	install -m 644 $(BUILD)/sbx.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/sbx.pc
 	sed -e 's|@VERSION@|$(VERSION)|g' docs/sbx.1.in > $(BUILD)/sbx.1
 	install -m 644 $(BUILD)/sbx.1 $(DESTDIR)$(MANDIR)/man1/sbx.1
+
+# The Lua module alone. luarocks builds with its own CFLAGS appended
+# (ROCK_CFLAGS, see the rockspec) and installs with LUA_CMOD=its LIBDIR.
+CFLAGS    += $(ROCK_CFLAGS)
+module: $(BUILD)/sbx.so
+
+install-module: module
+	install -d $(DESTDIR)$(LUA_CMOD)
+	install -m 755 $(BUILD)/sbx.so $(DESTDIR)$(LUA_CMOD)/sbx.so
 
 clean:
 	rm -rf build build-asan
 
 FORCE:
 
-.PHONY: all test test-podman check install clean FORCE
+.PHONY: all test test-podman check install module install-module clean FORCE
 -include $(wildcard $(BUILD)/*.d)

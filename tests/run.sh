@@ -52,7 +52,10 @@ preload=
 if [ -n "${SBX_SANITIZED:-}" ]; then
   preload="$(${CC:-cc} -print-file-name=libasan.so):$(${CC:-cc} -print-file-name=libubsan.so)"
 fi
-[ -z "${SBX_SANITIZED:-}" ] && run_one install_test tests/install_test.sh "$build"
+if [ -z "${SBX_SANITIZED:-}" ]; then
+  run_one install_test tests/install_test.sh "$build"
+  run_one rockspec_test tests/rockspec_test.sh
+fi
 run_one stock_lua env LD_PRELOAD="$preload" LUA_CPATH="$PWD/$build/?.so;;" lua5.4 tests/stock_lua.lua
 if command -v node >/dev/null && [ -d tests/sdk/node_modules ]; then
   run_one sdk_types tests/sdk/types_test.sh
