@@ -3,12 +3,27 @@
 #   make test       the whole suite against the real dockerd (README's command)
 #   make check      the suite again under ASan+UBSan
 #   make test-podman  the suite against Podman's Docker-compatible API
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local [DESTDIR=...]
+#                   binary, libraries, header, sbx.pc, man page, Lua module
+#   make module / install-module LUA_CMOD=DIR
+#                   only sbx.so, for sbx-<version>-1.rockspec (luarocks make)
 PKGS      := lua5.4 libcurl libcjson libuv openssl libwebsockets
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
 LUA       ?= lua5.4
+MANDIR    ?= $(PREFIX)/share/man
+LUA_CMOD  ?= $(PREFIX)/lib/lua/5.4
+VERSION   := $(shell sed -n 's/^\#define SBX_VERSION "\(.*\)"/\1/p' src/sbx.h)
+
+# The git commit the build comes from, with "-dirty" when tracked files
+# differ from it; "unknown" outside a git checkout (a tarball builds too).
+COMMIT    := $(shell test -e .git && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+ifneq ($(COMMIT),unknown)
+ifneq ($(shell git status --porcelain --untracked-files=no 2>/dev/null),)
+COMMIT    := $(COMMIT)-dirty
+endif
+endif
 
 ifneq ($(shell pkg-config --exists $(PKGS) && echo yes),yes)
 $(error missing libraries: run scripts/setup.sh (pkg-config $(PKGS)))
@@ -35,6 +50,13 @@ all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
 
 $(BUILD)/%.o: src/%.c | $(BUILD)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# core.commit: host.o embeds the commit, and $(BUILD)/commit changes (so
+# host.o is rebuilt) exactly when the commit does.
+$(BUILD)/host.o: $(BUILD)/commit
+$(BUILD)/host.o: CFLAGS += -DSBX_COMMIT='"$(COMMIT)"'
+$(BUILD)/commit: FORCE | $(BUILD)
+	@echo '$(COMMIT)' | cmp -s - $@ || echo '$(COMMIT)' > $@
 
 $(BUILD)/lua_blob.c: scripts/embed.lua $(LUA_SRCS) | $(BUILD)
 	$(LUA) scripts/embed.lua $@ $(LUA_SRCS)
@@ -83,17 +105,32 @@ check:
 	ASAN_OPTIONS=quarantine_size_mb=16:detect_leaks=1:abort_on_error=0 \
 	UBSAN_OPTIONS=print_stacktrace=1 SBX_SANITIZED=1 $(MAKE) BUILD=build-asan SANITIZE=1 test
 
-install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
-	  $(DESTDIR)$(PREFIX)/lib/lua/5.4
+# sbx.pc names the prefix the files will live under (not DESTDIR).
+install: all install-module
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(MANDIR)/man1
 	install -m 755 $(BUILD)/sbx $(DESTDIR)$(PREFIX)/bin/sbx
 	install -m 644 $(BUILD)/libsbx.a $(DESTDIR)$(PREFIX)/lib/libsbx.a
 	install -m 755 $(BUILD)/libsbx.so $(DESTDIR)$(PREFIX)/lib/libsbx.so
 	install -m 644 src/sbx.h $(DESTDIR)$(PREFIX)/include/sbx.h
-	install -m 755 $(BUILD)/sbx.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/sbx.so
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' sbx.pc.in > $(BUILD)/sbx.pc
+	install -m 644 $(BUILD)/sbx.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/sbx.pc
+	sed -e 's|@VERSION@|$(VERSION)|g' docs/sbx.1.in > $(BUILD)/sbx.1
+	install -m 644 $(BUILD)/sbx.1 $(DESTDIR)$(MANDIR)/man1/sbx.1
+
+# The Lua module alone. luarocks builds with its own CFLAGS appended
+# (ROCK_CFLAGS, see the rockspec) and installs with LUA_CMOD=its LIBDIR.
+CFLAGS    += $(ROCK_CFLAGS)
+module: $(BUILD)/sbx.so
+
+install-module: module
+	install -d $(DESTDIR)$(LUA_CMOD)
+	install -m 755 $(BUILD)/sbx.so $(DESTDIR)$(LUA_CMOD)/sbx.so
 
 clean:
 	rm -rf build build-asan
 
-.PHONY: all test test-podman check install clean
+FORCE:
+
+.PHONY: all test test-podman check install module install-module clean FORCE
 -include $(wildcard $(BUILD)/*.d)

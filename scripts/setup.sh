@@ -39,6 +39,7 @@ packages=(
     busybox-static debootstrap
     # tests
     valgrind procps psmisc curl socat python3 python3-boto3 python3-botocore
+    luarocks man-db groff-base
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
 # Word splitting is the point: the variable is a space separated list.

@@ -19,6 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The source's git commit, passed by the Makefile; any other build says so. */
+#ifndef SBX_COMMIT
+#define SBX_COMMIT "unknown"
+#endif
+
 static const char HOST_KEY = 'h';
 #define TASK_MT "sbx.task"
 #define EVENT_MT "sbx.event"
@@ -891,5 +896,7 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "ws");
   lua_pushstring(L, SBX_VERSION);
   lua_setfield(L, -2, "version");
+  lua_pushstring(L, SBX_COMMIT);
+  lua_setfield(L, -2, "commit");
   return 1;
 }

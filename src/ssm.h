@@ -1,7 +1,7 @@
 /*
 ** The SSM session-manager data channel (ECS Exec): one ClientMessage per
 ** websocket binary message. Pure code, no I/O; SHA-256 comes from libcrypto.
-** Layout (big-endian, fixed offsets), from aws-protocol.md 1.2:
+** Layout (big-endian, fixed offsets), from docs/aws-protocol.md 1.2:
 **
 **   0 HeaderLength u32 (116)    4 MessageType 32 bytes, space padded
 **  36 SchemaVersion u32        40 CreatedDate u64 (ms since the epoch)
@@ -33,7 +33,7 @@ enum {
 /* Flags bits. Readers decode them and never act on them. */
 enum { SBX_SSM_FLAG_SYN = 1, SBX_SSM_FLAG_FIN = 2 };
 
-/* PayloadType values (aws-protocol.md 1.4); control messages use 0. */
+/* PayloadType values (docs/aws-protocol.md 1.4); control messages use 0. */
 enum {
   SBX_SSM_PAYLOAD_NONE = 0,
   SBX_SSM_PAYLOAD_OUTPUT = 1,

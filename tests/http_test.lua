@@ -210,8 +210,7 @@ local function tests()
   tap.ok(reads >= 3, "stream: bytes came in several reads (" .. reads .. ")")
   tap.is(select(2, sr.body_stream:read()), "eof", "stream: eof again after eof")
   sr.body_stream:close()
-  sr.body_stream:close()
-  tap.ok(true, "stream: close is idempotent")
+  tap.ok(pcall(sr.body_stream.close, sr.body_stream), "stream: close is idempotent")
   tap.checkerr("closed body stream", sr.body_stream.read, sr.body_stream)
 
   -- Read timeout, idle timeout, abort.
@@ -277,7 +276,7 @@ local function tests()
   tap.ok(largest <= 256 * 1024 + 64 * 1024, "big: no read returns much more than the cap (" .. largest .. ")")
   local growth = hwm_kb() - before
   if os.getenv("SBX_SANITIZED") then
-    tap.ok(true, "big: VmHWM check skipped under ASan (quarantine) (grew " .. growth .. " KiB)")
+    tap.skip("big: VmHWM grew " .. growth .. " KiB", "meaningless under ASan (quarantine)")
   else
     tap.ok(growth < 4 * 1024, "big: VmHWM grew " .. growth .. " KiB, well under 10 MB")
   end

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test runner: every C unit test, the embedding test, a stock lua5.4
 # loading sbx.so, and every tests/*_test.lua under the real sbx against the
-# real daemon. Each file runs in its own process with a time limit; TAP lines
-# are counted and the run ends with "N passed, N failed".
+# real daemon. Each file runs in its own process with a time limit and must
+# print TAP: "ok N", "not ok N", "ok N # SKIP reason", and a plan "1..N"
+# before its first or after its last test line. A file fails when an
+# assertion fails, when its plan is missing or does not match what ran (it
+# stopped early), when it exits non-zero or times out, or when it ran no
+# assertion. The run ends with "N passed, N failed, N skipped".
 #   tests/run.sh [BUILD_DIR] [PATTERN]
 set -u
 cd "$(dirname "$0")/.."
@@ -14,8 +18,38 @@ export SBX_BIN="$PWD/$build/sbx"
 export LUA_PATH="$PWD/tests/?.lua;;"
 limit=${SBX_TEST_TIMEOUT:-600}
 
-passed=0 failed=0
-failures=()
+passed=0 failed=0 skipped=0
+failures=() skips=()
+
+# tap_counts: reads TAP on stdin and prints
+#   passed failed skipped todo tests plans plan plan_where
+# A "# SKIP" directive (any case) on an "ok" line is a skip; "not ok" with
+# "# TODO" is an expected failure, counted as neither. plan_where is
+# "start" (before any test line), "end" (after the last one) or "middle".
+tap_counts() {
+  awk '
+    /^(not )?ok([ \t]|$)/ {
+      tests++
+      line = tolower($0)
+      skip = line ~ /#[ \t]*skip/
+      todo = line ~ /#[ \t]*todo/
+      if ($1 == "ok") { if (skip) skips++; else pass++ }
+      else if (todo) todos++
+      else fails++
+      next
+    }
+    /^1\.\.[0-9]+/ {
+      plans++
+      plan = substr($0, 4) + 0
+      plan_at = tests
+      next
+    }
+    END {
+      where = "none"
+      if (plans) where = plan_at == 0 ? "start" : (plan_at == tests ? "end" : "middle")
+      print pass + 0, fails + 0, skips + 0, todos + 0, tests + 0, plans + 0, plan + 0, where
+    }'
+}
 
 run_one() {
   local name=$1; shift
@@ -25,34 +59,59 @@ run_one() {
   out=$(timeout -k 10 "$limit" "$@" 2>&1)
   rc=$?
   printf '%s\n' "$out"
-  local ok bad
-  ok=$(grep -c '^ok ' <<<"$out")
-  bad=$(grep -c '^not ok ' <<<"$out")
+  local ok bad skip todo tests plans plan where
+  read -r ok bad skip todo tests plans plan where < <(tap_counts <<<"$out")
   passed=$((passed + ok))
   failed=$((failed + bad))
-  if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
-    # A crash or a timeout outside any assertion still counts as a failure.
+  skipped=$((skipped + skip))
+  [ "$skip" -gt 0 ] && skips+=("$name ($skip)")
+  # Whatever else is wrong with the file counts as one more failure.
+  local why=()
+  if [ "$plans" -eq 0 ]; then
+    why+=("no plan")
+  elif [ "$plans" -gt 1 ]; then
+    why+=("$plans plans")
+  elif [ "$where" = middle ]; then
+    why+=("plan in the middle")
+  elif [ "$tests" -lt "$plan" ]; then
+    why+=("stopped early: $tests of $plan")
+  elif [ "$tests" -gt "$plan" ]; then
+    why+=("$tests tests, plan says $plan")
+  fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    why+=("timed out after ${limit}s")
+  elif [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
+    # A crash outside any assertion still counts as a failure.
+    why+=("exit $rc")
+  fi
+  [ "$tests" -eq 0 ] && why+=("ran no assertion")
+  if [ ${#why[@]} -gt 0 ]; then
     failed=$((failed + 1))
-    failures+=("$name (exit $rc)")
+    [ "$bad" -gt 0 ] && why=("$bad failed" "${why[@]}")
+    local reason
+    reason=$(printf '%s, ' "${why[@]}")
+    reason=${reason%, }
+    echo "# $name failed: $reason"
+    failures+=("$name ($reason)")
   elif [ "$bad" -gt 0 ]; then
     failures+=("$name ($bad failed)")
-  elif [ "$ok" -eq 0 ]; then
-    failed=$((failed + 1))
-    failures+=("$name (ran no assertion)")
   fi
 }
 
 run_one unit_capture "$build/unit_capture"
-# The AWS suites live in ../shared (next to the clone, read-only in CI).
-run_one unit_sigv4 "$build/unit_sigv4" "${SBX_SHARED:-../shared}/testdata/aws-sigv4"
-run_one unit_ssm "$build/unit_ssm" "${SBX_SHARED:-../shared}/testdata/ssm/vectors.jsonl"
+# Vectors from the official AWS projects (licenses in tests/data/*/).
+run_one unit_sigv4 "$build/unit_sigv4" tests/data/aws-sigv4
+run_one unit_ssm "$build/unit_ssm" tests/data/ssm/vectors.jsonl
 run_one embed_test "$build/embed_test"
 # A sanitized sbx.so inside an unsanitized lua5.4 needs the runtimes first.
 preload=
 if [ -n "${SBX_SANITIZED:-}" ]; then
   preload="$(${CC:-cc} -print-file-name=libasan.so):$(${CC:-cc} -print-file-name=libubsan.so)"
 fi
-[ -z "${SBX_SANITIZED:-}" ] && run_one install_test tests/install_test.sh "$build"
+if [ -z "${SBX_SANITIZED:-}" ]; then
+  run_one install_test tests/install_test.sh "$build"
+  run_one rockspec_test tests/rockspec_test.sh
+fi
 run_one stock_lua env LD_PRELOAD="$preload" LUA_CPATH="$PWD/$build/?.so;;" lua5.4 tests/stock_lua.lua
 if command -v node >/dev/null && [ -d tests/sdk/node_modules ]; then
   run_one sdk_types tests/sdk/types_test.sh
@@ -65,8 +124,9 @@ for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
 
+[ ${#skips[@]} -gt 0 ] && echo "# skipped: ${skips[*]}"
 if [ ${#failures[@]} -gt 0 ]; then
   echo "# failed: ${failures[*]}"
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -1,5 +1,5 @@
 -- The SSM data-channel client (sbx.aws.ssm_session) against a scripted
--- agent (tests/ws_server.py /script): the rules of aws-protocol.md 1.5-1.8
+-- agent (tests/ws_server.py /script): the rules of docs/aws-protocol.md 1.5-1.8
 -- checked frame by frame, independent of the stand-in's own choices.
 local tap = require "tap"
 local sbx = require "sbx"

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The SSM data channel of scripts/aws-standin, seen by a client written here from the protocol notes
-(/work/shared/reference/aws-protocol.md section 1) and checked against the official frame vectors
-(/work/shared/testdata/ssm/vectors.jsonl). botocore creates the cluster, task and ExecuteCommand session;
+(docs/aws-protocol.md section 1) and checked against the official frame vectors
+(tests/data/ssm/vectors.jsonl). botocore creates the cluster, task and ExecuteCommand session;
 a websocket client and ClientMessage codec of this file (stdlib only) then talk to the agent side.
 
 Needs python3-botocore, a dockerd and the local image sbx-busybox:latest. Prints TAP; exits 1 on failure.
@@ -40,8 +40,7 @@ except ImportError:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "..", "scripts", "aws-standin")
-VECTORS = os.path.join(os.environ.get("SBX_SHARED", os.path.join(HERE, "..", "..", "shared")),
-                       "testdata", "ssm", "vectors.jsonl")
+VECTORS = os.path.join(HERE, "data", "ssm", "vectors.jsonl")
 AK, SK = "AKIDSTANDIN", "standin-secret"
 REGION = "us-west-2"
 IMAGE = os.environ.get("SBX_TEST_BUSYBOX", "sbx-busybox:latest")

@@ -4,8 +4,8 @@
 ** signing and presigning, each through the C API and through the Lua
 ** binding. TAP output; exit 1 when anything failed.
 **
-**   unit_sigv4 [SUITE_DIR]     (default ../shared/testdata/aws-sigv4,
-**                               relative to the repository root)
+**   unit_sigv4 [SUITE_DIR]     (default tests/data/aws-sigv4, relative to
+**                               the repository root)
 */
 #include "sigv4.h"
 
@@ -22,7 +22,7 @@
 #include <string.h>
 #include <strings.h>
 
-#define DEFAULT_SUITE "../shared/testdata/aws-sigv4"
+#define DEFAULT_SUITE "tests/data/aws-sigv4"
 #define SECRET "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 
 static int n, failed;

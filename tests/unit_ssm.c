@@ -4,8 +4,8 @@
 ** goes through the C API and then through the Lua binding: an accept vector
 ** must decode to its fields and encode back to the same bytes, a reject
 ** vector must be refused. Hand-made cases follow.
-**   unit_ssm [path/to/vectors.jsonl]   (default: the CI location, relative to
-**                                       the repo root)
+**   unit_ssm [path/to/vectors.jsonl]   (default tests/data/ssm/vectors.jsonl,
+**                                       relative to the repository root)
 */
 #include "ssm.h"
 
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_VECTORS "../shared/testdata/ssm/vectors.jsonl"
+#define DEFAULT_VECTORS "tests/data/ssm/vectors.jsonl"
 
 static int n, failed;
 static char diag[4096];

@@ -100,7 +100,7 @@ local rss1 = H.rss()
 local instrumented = os.getenv("SBX_SANITIZED") or (os.getenv("LD_PRELOAD") or ""):find("vgpreload")
 local function rss_ok(grew_kib, limit_kib, name)
   if instrumented then
-    return tap.ok(true, name .. ": skipped under ASan or valgrind (grew " .. grew_kib .. " KiB)")
+    return tap.skip(name .. " (grew " .. grew_kib .. " KiB)", "meaningless under ASan or valgrind")
   end
   return tap.ok(grew_kib < limit_kib, name .. " (grew " .. grew_kib .. " KiB)")
 end

@@ -39,7 +39,7 @@ options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
                          bundled policy ("lm-deluge"); also SBX_POLICY
   --help, -h             this text
-  --version              the version
+  --version              the version and the git commit it was built from
 ]]
 
 local function err(...)
@@ -206,7 +206,7 @@ function M.main(argv)
   while args[1] and args[1]:sub(1, 1) == "-" do
     local a = table.remove(args, 1)
     if a == "--help" or a == "-h" then io.write(USAGE) return 0
-    elseif a == "--version" then print("sbx " .. sbx.version) return 0
+    elseif a == "--version" then print(string.format("sbx %s (commit %s)", sbx.version, sbx.core.commit)) return 0
     elseif a == "--policy" then
       policy = table.remove(args, 1)
       if not policy then err("--policy needs a file or a name") return 2 end

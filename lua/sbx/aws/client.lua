@@ -1,5 +1,5 @@
 -- sbx.aws.client: AWS service clients over sbx's HTTP layer, for the two
--- wire protocols sbx needs (shared/reference/aws-protocol.md sections 2-4):
+-- wire protocols sbx needs (docs/aws-protocol.md sections 2-4):
 -- awsJson1_1 (ECS) and awsQuery (IAM, STS).
 --
 --   local aws = require "sbx.aws.client"

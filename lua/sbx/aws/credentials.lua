@@ -1,5 +1,5 @@
 -- sbx.aws.credentials: the AWS credential and region chain, as botocore
--- resolves it (see shared/reference/aws-protocol.md section 4).
+-- resolves it (see docs/aws-protocol.md section 4).
 --   credentials.resolve(opts)
 --     -> {access_key, secret_key, session_token, expiration, source}
 --      | nil, message, "no_credentials"

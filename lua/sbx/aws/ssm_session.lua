@@ -1,5 +1,5 @@
 -- The client side of one SSM data channel (the websocket ECS ExecuteCommand
--- returns), as ../shared/reference/aws-protocol.md section 1 sets it out:
+-- returns), as docs/aws-protocol.md section 1 sets it out:
 -- the opening text frame, binary ClientMessages checked by the C codec,
 -- acknowledgements, in-order delivery with a buffer for early frames, re-acks
 -- for duplicates, resend of our own unacknowledged input (TCP-style RTO),

@@ -2,7 +2,7 @@
 -- sleeps for the box's lifetime; commands run through ECS Exec, one SSM data
 -- channel each (sbx.aws.ssm_session). The box contract is box.lua's.
 --
--- Protocol facts (../shared/reference/aws-protocol.md): the agent execs the
+-- Protocol facts (docs/aws-protocol.md 1.8): the agent execs the
 -- command on a PTY without a shell and reports no exit status for ECS Exec,
 -- so every command runs inside a small sh wrapper that
 --   1. puts the PTY in raw mode (no CR-LF translation, no echo, no signals
