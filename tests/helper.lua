@@ -223,4 +223,75 @@ function H.rss()
   return tonumber(s:match("VmRSS:%s+(%d+)")), tonumber(s:match("VmHWM:%s+(%d+)"))
 end
 
+-- A second dockerd of the test's own -------------------------------------------
+
+local Daemon = {}
+Daemon.__index = Daemon
+
+-- d:freeze() / d:thaw(): SIGSTOP / SIGCONT of that dockerd (its containers
+-- and containerd go on running, as when a daemon hangs).
+function Daemon:freeze() os.execute("kill -STOP " .. self.pid .. " 2>/dev/null") end
+function Daemon:thaw() os.execute("kill -CONT " .. self.pid .. " 2>/dev/null") end
+
+-- Container names on it whose sbx.owner.pid label is pid (all when nil).
+function Daemon:boxes(pid)
+  local out = H.sh(string.format("DOCKER_HOST=%s docker ps -a --filter label=sbx.owner.pid%s --format '{{.Names}}'",
+    self.host, pid and ("=" .. pid) or ""))
+  local names = {}
+  for n in out:gmatch("[^\n]+") do names[#names + 1] = n end
+  return names
+end
+
+-- d:stop(): thaws, removes its containers, stops it and its files. Idempotent.
+function Daemon:stop()
+  if self.stopped then return end
+  self.stopped = true
+  self:thaw()
+  H.sh(string.format("DOCKER_HOST=%s docker rm -f $(DOCKER_HOST=%s docker ps -aq) 2>/dev/null", self.host, self.host))
+  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+  for _ = 1, 200 do
+    if not io.open("/proc/" .. self.pid .. "/stat") then break end
+    sbx.sleep(0.05)
+  end
+  os.execute("rm -rf " .. self.dir)
+end
+
+--[[
+H.second_daemon([images]) -> daemon | nil, message
+  Starts a dockerd of its own (data root, exec root, socket under a temp
+  dir; no bridge, no iptables) in a network namespace of its own: a dockerd
+  with --bridge none deletes the host's docker0, which would break the main
+  daemon's bridge network. It loads the images (default: the busybox test
+  image) from the main daemon, and returns { host = "unix://...", pid,
+  dir, :freeze(), :thaw(), :boxes(pid), :stop() }. A watcher thaws and stops
+  it when the test process is gone, however it ends. Needs root and dockerd.
+]]
+function H.second_daemon(images)
+  images = images or { H.busybox }
+  local dockerd = H.sh("command -v dockerd"):match("^(/%S+)")
+  if not dockerd then return nil, "no dockerd on this machine" end
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir))
+  local sock = dir .. "/docker.sock"
+  local cmd = string.format([[
+unshare --net %s --data-root %s/data --exec-root %s/exec --pidfile %s/pid -H unix://%s --bridge none --iptables=false --ip-masq=false --ip6tables=false >%s/log 2>&1 & d=$!
+( while kill -0 %d 2>/dev/null; do sleep 0.5; done; kill -CONT $d; kill -TERM $d; sleep 5; rm -rf %s ) >/dev/null 2>&1 &]],
+    dockerd, dir, dir, dir, sock, dir, sbx.core.pid(), dir)
+  os.execute("sh -c " .. shell_quote(cmd) .. " </dev/null >/dev/null 2>&1")
+  local pid
+  for _ = 1, 300 do
+    pid = pid or tonumber((slurp(dir .. "/pid") or ""):match("%d+"))
+    if pid and select(2, H.sh("curl -sf --max-time 2 --unix-socket " .. sock .. " http://x/_ping")) == 0 then break end
+    sbx.sleep(0.1)
+  end
+  if not pid then return nil, "the second dockerd did not start: " .. (slurp(dir .. "/log") or "") end
+  local d = setmetatable({ host = "unix://" .. sock, pid = pid, dir = dir }, Daemon)
+  for _, image in ipairs(images) do
+    local out, code = H.sh(string.format("docker save %s | DOCKER_HOST=%s docker load", image, d.host))
+    if code ~= 0 then d:stop() return nil, "cannot load " .. image .. ": " .. out end
+  end
+  return d
+end
+
 return H

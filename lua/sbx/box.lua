@@ -121,6 +121,8 @@ local function check_open(self)
 end
 
 -- box:close(): destroys the box and everything in it. Idempotent.
+-- Bounded by box.destroy_timeout: past it the box is left to a background
+-- retry and to `sbx reap` (nil, message, "daemon_unresponsive").
 function Box:close()
   if self.closed then return true end
   self.closed = true
@@ -128,7 +130,7 @@ function Box:close()
   for _, p in pairs(self.procs) do
     if p.job and p.job.stream then pcall(p.job.stream.close, p.job.stream) end
   end
-  return self.backend.destroy(self.handle)
+  return self.backend.destroy(self.handle, false, core.now() + self:policy().box.destroy_timeout)
 end
 Box.__close = Box.close
 
@@ -141,11 +143,13 @@ function Box:__gc()
   end
 end
 
+-- At exit: every open box at once, all within one destroy_timeout.
 function M.close_all()
   local tasks = {}
+  local deadline = core.now() + sbx.policy.box.destroy_timeout
   for id, b in pairs(open) do
     open[id] = nil
-    tasks[#tasks + 1] = core.spawn(function() b.backend.destroy(b.handle) end)
+    tasks[#tasks + 1] = core.spawn(function() b.backend.destroy(b.handle, false, deadline) end)
   end
   for _, t in ipairs(tasks) do t:join() end
 end
@@ -448,25 +452,48 @@ function M.kill_request(signal, job)
   }
 end
 
--- Kills a job's whole process tree; falls back to restarting the box when
--- the kill cannot run. Returns what happened for the result.
+-- Waits until a killed job's stream ends, by deadline: true once it did.
+local function stream_ends(stream, deadline)
+  while true do
+    if stream:info().eof then return true end
+    local left = deadline - core.now()
+    if left <= 0 then return false end
+    local ev = stream:wait(left)
+    if ev == "eof" then return true end
+    if ev == "data" then stream:take() end
+    if ev == "timeout" then return false end
+  end
+end
+
+-- Kills a job's whole process tree, all within exec.kill_grace seconds;
+-- falls back to restarting the box when the kill cannot run (and the daemon
+-- answers). Returns the fields it adds to the result: kill_confirmed (the
+-- job's stream ended), and when it did not, kill_error and error_code
+-- ("daemon_unresponsive" when the daemon did not answer in time).
 local function kill_tree(self, pol, job, signal)
   local grace = pol.exec.kill_grace
-  local ok, err = self.backend.kill(self.handle, job, signal or "KILL")
-  if ok and job.stream:wait(grace) == "eof" then return {} end
-  if job.stream:info().eof then return {} end
-  if pol.exec.on_unkillable == "restart" then
-    local rok, rerr = self.backend.restart(self.handle)
-    job.stream:wait(grace)
-    return { box_restarted = rok and true or false, kill_error = err or rerr }
+  local deadline = core.now() + grace
+  local ok, err, code = self.backend.kill(self.handle, job, signal or "KILL", deadline)
+  if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
+  if job.stream:info().eof then return { kill_confirmed = true } end
+  if code ~= "daemon_unresponsive" and pol.exec.on_unkillable == "restart" then
+    local restart_deadline = core.now() + grace
+    local rok, rerr, rcode = self.backend.restart(self.handle, restart_deadline)
+    local ended = rok and stream_ends(job.stream, restart_deadline)
+    return { box_restarted = rok and true or false, kill_confirmed = ended or false,
+      kill_error = err or rerr, error_code = not ended and (rcode or "kill_failed") or nil }
   end
-  return { kill_error = err or "the process did not stop" }
+  return { kill_confirmed = false, kill_error = err or "the process did not stop",
+    error_code = code == "daemon_unresponsive" and code or "kill_failed" }
 end
 
 -- Runs a transport request to its end or its timeout: the result, or nil,
 -- message, code. Used for user commands and sbx's own helpers alike.
 local function run_request(self, pol, treq, timeout, on_output, command)
   local started = core.now()
+  -- Creating the command is bounded by its own timeout: a daemon frozen
+  -- before the call gives "daemon_unresponsive" then, not minutes later.
+  treq.deadline = started + timeout
   local job, err, code = self.backend.start(self.handle, treq)
   if not job then return nil, err, code end
   job.started = job.started or started
@@ -505,7 +532,7 @@ local function run_request(self, pol, treq, timeout, on_output, command)
       stream:close()
       return nil, info.error, info.error_code
     end
-    local exit_code, ferr, fcode = self.backend.finish(self.handle, job)
+    local exit_code, ferr, fcode = self.backend.finish(self.handle, job, core.now() + pol.exec.kill_grace)
     if exit_code == nil then return nil, ferr, fcode end
     fields.exit_code = exit_code
     if exit_code >= 128 and exit_code < 160 then fields.signal = exit_code - 128 end

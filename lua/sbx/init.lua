@@ -165,6 +165,9 @@ end
 
 -- Runs until every spawned task has finished; reports failures nobody read.
 function sbx.drain()
+  -- Background chores (removals a frozen daemon held up) give up
+  -- destroy_timeout seconds from now: a script's end never waits for more.
+  sbx.draining_since = sbx.draining_since or core.now()
   local ok, err = core.drain()
   local interrupted = core.signals() > 0
   for t in pairs(spawned) do

@@ -43,6 +43,13 @@ policy.box = {
   name_prefix = "sbx-",
   docker_host = nil,            -- overrides DOCKER_HOST and the socket search
   reap_on_start = true,         -- remove boxes of dead sbx processes at the first create
+  -- Seconds sbx.box{} may take, the daemon's answers and an image pull
+  -- included; past it creation fails with "daemon_unresponsive".
+  create_timeout = 300,
+  -- Seconds box:close() (and every box at exit) may take; past it the box
+  -- is left to a background retry and to `sbx reap`. Exit never hangs on a
+  -- frozen daemon.
+  destroy_timeout = 10,
 }
 
 -- Commands.
@@ -122,6 +129,10 @@ policy.docker = {
   -- After an interrupted create the daemon may still be making the
   -- container: its removal is retried this often, this far apart.
   remove_retries = 20, remove_interval = 0.1,
+  -- Removing what a frozen daemon may still make: tried every `interval`
+  -- seconds until the daemon says 404 `confirmations` times in a row.
+  orphan_sweep = { interval = 0.5, confirmations = 3, call_timeout = 5 },
+  background_timeout = 10,      -- the reap at the first create, as a whole
 }
 
 -- sbx eval and sbx.harness.run.

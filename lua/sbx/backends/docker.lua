@@ -65,7 +65,7 @@ end
 
 -- Finds the daemon: explicit option, DOCKER_HOST, then the usual sockets.
 -- Returns daemon | nil, message, "daemon_unavailable".
-function M.connect(explicit)
+function M.connect(explicit, deadline)
   local cands = M.candidates(explicit)
   local tried = {}
   for _, ep in ipairs(cands) do
@@ -77,7 +77,8 @@ function M.connect(explicit)
       tried[#tried + 1] = ep .. " (no such socket)"
     else
       local r, err = http.request { url = d.base .. "/_ping", unix_socket = d.unix_socket,
-        timeout = pol().ping_timeout, connect_timeout = pol().ping_connect_timeout }
+        timeout = M.seconds_left(deadline, pol().ping_timeout),
+        connect_timeout = M.seconds_left(deadline, pol().ping_connect_timeout) }
       if r and r.status == 200 then
         local server = r.headers["api-version"] or "1.24"
         d.endpoint = ep
@@ -97,17 +98,31 @@ end
 
 local codes = { [400] = "bad_request", [404] = "not_found", [409] = "conflict", [500] = "daemon_error" }
 
+-- Seconds a call may take: cap, or less when a deadline (an absolute
+-- core.now() time) comes first. Never zero: libcurl reads 0 as "no limit".
+function M.seconds_left(deadline, cap)
+  if not deadline then return cap end
+  return math.max(0.001, math.min(cap, deadline - core.now()))
+end
+
 -- One API call. Returns status, decoded body | nil, message, code.
+-- opts.deadline bounds it (a frozen daemon answers nothing: the call then
+-- fails with "daemon_unresponsive"); opts.timeout caps it (api_timeout).
 local function call(d, method, path, body, opts)
   opts = opts or {}
+  local limit = M.seconds_left(opts.deadline, opts.timeout or pol().api_timeout)
   local r, err, code = http.request {
     url = d.prefix .. path, method = method, unix_socket = d.unix_socket,
     headers = body and { ["Content-Type"] = "application/json" } or nil,
     body = body and json.encode(body) or nil,
-    timeout = opts.timeout or pol().api_timeout, detached = opts.detached,
+    timeout = limit, detached = opts.detached,
   }
   if opts.detached then return r end
   if not r then
+    if code == "timeout" then
+      return nil, string.format("the Docker daemon at %s did not answer %s %s within %.1f s",
+        d.endpoint, method, path:match("^[^?]*"), limit), "daemon_unresponsive"
+    end
     return nil, string.format("Docker daemon at %s: %s", d.endpoint, err), code == "ECONNREFUSED" and "daemon_unavailable" or code
   end
   local decoded = r.body ~= "" and json.decode(r.body) or nil
@@ -123,10 +138,10 @@ local function urlq(s) return http.escape(s) end
 
 -- Images ------------------------------------------------------------------
 
-local function ensure_image(d, image, pull)
+local function ensure_image(d, image, pull, deadline)
   if d.images[image] and pull ~= "always" then return true end
   if pull ~= "always" then
-    local st, _, code = call(d, "GET", "/images/" .. urlq(image) .. "/json")
+    local st, _, code = call(d, "GET", "/images/" .. urlq(image) .. "/json", nil, { deadline = deadline })
     if st then d.images[image] = true return true end
     if code ~= "not_found" then return nil, _, code end
     if pull == "never" then
@@ -137,7 +152,7 @@ local function ensure_image(d, image, pull)
   if not name then name, tag = image, "latest" end
   local r, err = http.request {
     url = d.prefix .. "/images/create?fromImage=" .. urlq(name) .. "&tag=" .. urlq(tag),
-    method = "POST", unix_socket = d.unix_socket, timeout = pol().pull_timeout, body = "",
+    method = "POST", unix_socket = d.unix_socket, timeout = M.seconds_left(deadline, pol().pull_timeout), body = "",
   }
   local failure
   if not r then failure = err
@@ -221,22 +236,81 @@ end
 
 local reaped_once = false
 
--- create(spec, policy) -> handle | nil, message, code
-function M.create(spec, pol)
-  local d, err, code = M.connect(spec.docker_host)
+-- Containers to remove once their daemon answers again: a create or a
+-- destroy that ran into a frozen daemon may leave one behind, or the daemon
+-- may still make it after our request gave up. One sweeper task per daemon
+-- deletes them by name or id; a container counts as gone after the daemon
+-- answered 404 for it `confirmations` times in a row, `interval` apart (a
+-- late create would have shown up). The sweeper stops destroy_timeout
+-- seconds after the script ended (sbx.drain), leaving the rest to `sbx reap`
+-- (every box carries its owner's labels).
+local sweeps = {}          -- endpoint -> { refs = { name_or_id -> 404s seen }, running = bool }
+
+local function sweep(d, ref)
+  local sw = sweeps[d.endpoint]
+  if not sw then sw = { refs = {} }; sweeps[d.endpoint] = sw end
+  sw.refs[ref] = sw.refs[ref] or 0
+  if sw.running then return end
+  sw.running = true
+  core.spawn(function()
+    local sbx = require "sbx"
+    local p = pol().orphan_sweep
+    while next(sw.refs) do
+      local ended = sbx.draining_since
+      local deadline = core.now() + p.call_timeout
+      if ended then
+        local stop = ended + sbx.policy.box.destroy_timeout
+        if core.now() >= stop then break end
+        deadline = math.min(deadline, stop)
+      end
+      local tasks = {}
+      for r in pairs(sw.refs) do
+        tasks[#tasks + 1] = core.spawn(function()
+          local st = call(d, "DELETE", "/containers/" .. urlq(r) .. "?force=true&v=true", nil,
+            { ok = { [404] = true, [409] = true }, deadline = deadline })
+          if st == 404 then
+            sw.refs[r] = sw.refs[r] + 1
+            if sw.refs[r] >= p.confirmations then sw.refs[r] = nil end
+          elseif st then
+            sw.refs[r] = 0
+          end
+        end)
+      end
+      for _, t in ipairs(tasks) do t:join() end
+      if next(sw.refs) then core.sleep(p.interval) end
+    end
+    sw.running = false
+  end)
+end
+M.pending_removals = function(endpoint)
+  local sw = sweeps[endpoint]
+  local list = {}
+  for r in pairs(sw and sw.refs or {}) do list[#list + 1] = r end
+  return list
+end
+
+-- create(spec, policy) -> handle | nil, message, code. Bounded by
+-- spec.create_timeout (the daemon's answers, the pull included): past it the
+-- call fails with "daemon_unresponsive" and whatever the daemon may still
+-- make is swept away once it answers.
+function M.create(spec, pol_)
+  local deadline = core.now() + spec.create_timeout
+  local d, err, code = M.connect(spec.docker_host, deadline)
   if not d then return nil, err, code end
   if spec.reap_on_start and not reaped_once then
     reaped_once = true
-    core.spawn(function() pcall(M.reap, { quiet = true }, pol) end)
+    core.spawn(function() pcall(M.reap, { quiet = true, deadline = core.now() + pol().background_timeout }, pol_) end)
   end
-  local ok, ierr, icode = ensure_image(d, spec.image, spec.pull)
+  local ok, ierr, icode = ensure_image(d, spec.image, spec.pull, deadline)
   if not ok then return nil, ierr, icode end
   local name = spec.name or (spec.name_prefix .. string.format("%016x", math.random(0)):sub(1, 12))
   local function remove(racing)
     -- After an aborted create the daemon may still be making the container:
     -- a 404 then means "not yet", so look again for a moment.
     for _ = 1, racing and pol().remove_retries or 1 do
-      local st = call(d, "DELETE", "/containers/" .. urlq(name) .. "?force=true&v=true", nil, { ok = { [404] = true, [409] = true } })
+      local st, _, rcode = call(d, "DELETE", "/containers/" .. urlq(name) .. "?force=true&v=true", nil,
+        { ok = { [404] = true, [409] = true }, deadline = core.now() + pol().remove_interval * 10 })
+      if rcode == "daemon_unresponsive" then sweep(d, name) return end
       if st ~= 404 then return end
       core.sleep(pol().remove_interval)
     end
@@ -244,50 +318,60 @@ function M.create(spec, pol)
   -- The name is known before the daemon answers: whatever stops us half way
   -- (an interrupt, a cancel) removes what may already exist, then goes on.
   local ok, st, body, ccode, sst, serr, scode = pcall(function()
-    local st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol, d))
+    local st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d),
+      { deadline = deadline })
     if not st_ then return st_, body_, ccode_ end
-    return st_, body_, ccode_, call(d, "POST", "/containers/" .. body_.Id .. "/start", nil, { ok = { [304] = true } })
+    return st_, body_, ccode_, call(d, "POST", "/containers/" .. body_.Id .. "/start", nil,
+      { ok = { [304] = true }, deadline = deadline })
   end)
   if not ok then
     pcall(remove, true)
     error(st, 0)
   end
-  if not st then return nil, "cannot create the box: " .. body, ccode end
+  if not st then
+    if ccode == "daemon_unresponsive" then sweep(d, name) end
+    return nil, "cannot create the box: " .. body, ccode
+  end
   if not sst then
-    remove()
+    if scode == "daemon_unresponsive" then sweep(d, name) else remove() end
     return nil, "cannot start the box: " .. serr, scode
   end
   return { id = body.Id, name = name, daemon = d }
 end
 
--- destroy(handle, detached): force-removes the container (kill + delete in
--- one call). detached: fire and forget, for finalizers.
-function M.destroy(h, detached)
+-- destroy(handle, detached, deadline): force-removes the container (kill +
+-- delete in one call). detached: fire and forget, for finalizers. Past the
+-- deadline the container is left to the sweeper (and to `sbx reap`).
+function M.destroy(h, detached, deadline)
   if h.destroyed then return true end
   h.destroyed = true
+  deadline = deadline or core.now() + require("sbx").policy.box.destroy_timeout
   local st, err, code = call(h.daemon, "DELETE", "/containers/" .. h.id .. "?force=true&v=true", nil,
-    { ok = { [404] = true, [409] = true }, detached = detached })
+    { ok = { [404] = true, [409] = true }, detached = detached, deadline = deadline })
   if detached then return true end
-  if not st then return nil, err, code end
+  if not st then
+    if code == "daemon_unresponsive" then sweep(h.daemon, h.id) end
+    return nil, err, code
+  end
   return true
 end
 
-function M.restart(h)
-  local st, err, code = call(h.daemon, "POST", "/containers/" .. h.id .. "/restart?t=0")
+function M.restart(h, deadline)
+  local st, err, code = call(h.daemon, "POST", "/containers/" .. h.id .. "/restart?t=0", nil, { deadline = deadline })
   if not st then return nil, err, code end
   return true
 end
 
 -- Transport ---------------------------------------------------------------------
 
-local function exec_create(h, req)
+local function exec_create(h, req, deadline)
   local body = {
     AttachStdin = req.stdin ~= nil, AttachStdout = true, AttachStderr = true, Tty = false,
     Env = json.array(req.env), Cmd = json.array(req.argv),
   }
   if req.cwd then body.WorkingDir = req.cwd end
   if req.user then body.User = tostring(req.user) end
-  local st, r, code = call(h.daemon, "POST", "/containers/" .. h.id .. "/exec", body)
+  local st, r, code = call(h.daemon, "POST", "/containers/" .. h.id .. "/exec", body, { deadline = deadline })
   if not st then
     if code == "conflict" or code == "not_found" then
       return nil, "the box is not running (" .. r .. ")", "box_gone"
@@ -316,14 +400,14 @@ end
 
 -- start(handle, req) -> job: creates the exec and opens its attached stream.
 function M.start(h, req)
-  local id, err, code = exec_create(h, req)
+  local id, err, code = exec_create(h, req, req.deadline)
   if not id then return nil, err, code end
   return { id = id, marker = req.marker, stream = open_stream(h, id, req) }
 end
 
 -- finish(handle, job) -> exit code, read once the stream has ended. The
 -- daemon forgets finished execs after minutes, so callers keep the value.
-function M.finish(h, job)
+function M.finish(h, job, deadline)
   if job.exit_code then return job.exit_code end
   local info = job.stream:info()
   if info.status ~= 200 and info.status ~= 101 then
@@ -333,7 +417,8 @@ function M.finish(h, job)
   end
   local poll = pol().exit_poll
   for attempt = 1, poll.attempts do
-    local st, r, code = call(h.daemon, "GET", "/exec/" .. job.id .. "/json")
+    if deadline and core.now() >= deadline then break end
+    local st, r, code = call(h.daemon, "GET", "/exec/" .. job.id .. "/json", nil, { deadline = deadline })
     if not st then
       if code == "not_found" then return nil, "the box went away while the command ran", "box_gone" end
       return nil, r, code
@@ -349,13 +434,17 @@ function M.finish(h, job)
 end
 
 -- kill(handle, job, signal) -> true | nil, message, code
-function M.kill(h, job, signal)
+function M.kill(h, job, signal, deadline)
+  deadline = deadline or core.now() + pol().kill_timeout
   local req = require("sbx.box").kill_request(signal, job)
-  local id, err, code = exec_create(h, req)
+  local id, err, code = exec_create(h, req, deadline)
   if not id then return nil, err, code end
   local s = open_stream(h, id, req)
-  if s:wait(pol().kill_timeout) ~= "eof" then s:close() return nil, "the kill command did not finish", "timeout" end
-  local exit_code, ferr, fcode = M.finish(h, { id = id, stream = s })
+  if s:wait(M.seconds_left(deadline, pol().kill_timeout)) ~= "eof" then
+    s:close()
+    return nil, "the kill command did not finish in time", "daemon_unresponsive"
+  end
+  local exit_code, ferr, fcode = M.finish(h, { id = id, stream = s }, deadline)
   if exit_code ~= 0 then
     local msg = s:captured("stderr")
     if exit_code == nil then return nil, ferr, fcode end
@@ -372,10 +461,10 @@ end
 -- only reports what would go.
 function M.reap(opts)
   opts = opts or {}
-  local d, err, code = M.connect(opts.docker_host)
+  local d, err, code = M.connect(opts.docker_host, opts.deadline)
   if not d then return nil, err, code end
   local filters = json.encode { label = json.array { "sbx.owner.pid" } }
-  local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters))
+  local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters), nil, { deadline = opts.deadline })
   if not st then return nil, list, lcode end
   local now = os.time()
   local report = { removed = {}, kept = 0 }
@@ -388,7 +477,7 @@ function M.reap(opts)
       report.removed[#report.removed + 1] = { id = c.Id, name = name, reason = dead }
       if not opts.dry_run then
         tasks[#tasks + 1] = core.spawn(call, d, "DELETE", "/containers/" .. c.Id .. "?force=true&v=true", nil,
-          { ok = { [404] = true, [409] = true } })
+          { ok = { [404] = true, [409] = true }, deadline = opts.deadline })
       end
     else
       report.kept = report.kept + 1
