@@ -894,6 +894,8 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "lines");
   sbx_open_ws(L);
   lua_setfield(L, -2, "ws");
+  sbx_open_proc(L);
+  lua_setfield(L, -2, "proc");
   lua_pushstring(L, SBX_VERSION);
   lua_setfield(L, -2, "version");
   lua_pushstring(L, SBX_COMMIT);

@@ -24,6 +24,18 @@ if box then
   r = box:exec("sleep 30", { timeout = 1 })
   tap.is(r and r.timed_out, true, "timeouts kill over TCP too")
   box:close()
+  -- A remote daemon: sbx cannot reach the box's processes from here, so a
+  -- fork bomb that leaves the box no pid for the in-box kill makes sbx
+  -- restart the box, and the result names the background processes that
+  -- ended with it.
+  local bomb = assert(sbx.box { image = H.image, docker_host = host, pids = 64 })
+  assert(bomb:spawn("sleep 1000", { name = "server" }))
+  r = bomb:exec("bomb(){ bomb | bomb & }; bomb; sleep 100", { timeout = 3 })
+  tap.is(r and r.box_restarted, true, "over TCP an unkillable command restarts the box as the last resort")
+  tap.is(r and r.ended_processes and table.concat(r.ended_processes, ","), "server", "and lists the background processes it ended")
+  tap.is(bomb:processes()[1].status, "killed", "which are marked killed")
+  tap.is(bomb:exec("echo alive").stdout, "alive\n", "and the box works afterwards")
+  bomb:close()
   tap.is(H.container(box.id), nil, "and the box is removed")
 end
 H.sh("kill " .. pid)

@@ -470,21 +470,46 @@ end
 -- answers). Returns the fields it adds to the result: kill_confirmed (the
 -- job's stream ended), and when it did not, kill_error and error_code
 -- ("daemon_unresponsive" when the daemon did not answer in time).
+-- When the in-box kill cannot run or does not end the job, a backend that
+-- can reach the box's processes from outside (backend.host_kill: Docker on
+-- this host) kills just the job's tree; restarting the whole box is the last
+-- resort, and the result then lists the background processes it ended.
 local function kill_tree(self, pol, job, signal)
   local grace = pol.exec.kill_grace
   local deadline = core.now() + grace
   local ok, err, code = self.backend.kill(self.handle, job, signal or "KILL", deadline)
   if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
   if job.stream:info().eof then return { kill_confirmed = true } end
-  if code ~= "daemon_unresponsive" and pol.exec.on_unkillable == "restart" then
+  if code == "daemon_unresponsive" then
+    return { kill_confirmed = false, kill_error = err, error_code = code }
+  end
+  if self.backend.host_kill then
+    local hdeadline = core.now() + grace
+    local hok = self.backend.host_kill(self.handle, job, hdeadline)
+    if hok and stream_ends(job.stream, hdeadline) then
+      return { kill_confirmed = true, kill_method = "host" }
+    end
+  end
+  if pol.exec.on_unkillable == "restart" then
+    local ended_processes = {}
+    for _, name in ipairs(self.proc_order) do
+      local p = self.procs[name]
+      if p.status == "running" and p.job ~= job then ended_processes[#ended_processes + 1] = name end
+    end
     local restart_deadline = core.now() + grace
     local rok, rerr, rcode = self.backend.restart(self.handle, restart_deadline)
     local ended = rok and stream_ends(job.stream, restart_deadline)
+    if rok then
+      for _, name in ipairs(ended_processes) do
+        local p = self.procs[name]
+        p.status, p.error, p.ended = "killed", "the box was restarted", p.ended or core.now()
+      end
+    end
     return { box_restarted = rok and true or false, kill_confirmed = ended or false,
+      ended_processes = rok and ended_processes or nil,
       kill_error = err or rerr, error_code = not ended and (rcode or "kill_failed") or nil }
   end
-  return { kill_confirmed = false, kill_error = err or "the process did not stop",
-    error_code = code == "daemon_unresponsive" and code or "kill_failed" }
+  return { kill_confirmed = false, kill_error = err or "the process did not stop", error_code = "kill_failed" }
 end
 
 -- Runs a transport request to its end or its timeout: the result, or nil,

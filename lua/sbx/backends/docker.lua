@@ -453,6 +453,63 @@ function M.kill(h, job, signal, deadline)
   return true
 end
 
+-- host_kill(handle, job, deadline) -> count | nil, message, code. The
+-- targeted kill for a box that cannot fork the in-box kill (its pids limit
+-- is full: a fork bomb): the daemon lists the box's processes by host pid
+-- (GET /containers/{id}/top runs ps on the daemon's host, not in the box),
+-- and sbx, on that same host, stops every process of the job (its marker
+-- in the environment, or a parent in the job), looks again until no new one
+-- appears, then kills them all. Other processes in the box live on. Only
+-- where the daemon listens on a local socket and sbx may read and signal
+-- its processes (root, or the rootless daemon's user); else "unsupported".
+function M.host_kill(h, job, deadline)
+  local d = h.daemon
+  if not d.unix_socket then return nil, "the daemon is not on this host", "unsupported" end
+  local marker = "SBX_JOB=" .. job.marker
+  local members, list, readable = {}, {}, false
+  for _ = 1, 8 do
+    local st, top, code = call(d, "GET", "/containers/" .. h.id .. "/top?ps_args=" .. urlq("-eo pid,ppid"), nil,
+      { deadline = deadline })
+    if not st then return nil, top, code end
+    local rows = {}
+    for _, row in ipairs(top.Processes or {}) do
+      rows[#rows + 1] = { pid = math.tointeger(tonumber(row[1])), ppid = math.tointeger(tonumber(row[2])) }
+    end
+    local grew = true
+    local new = 0
+    while grew do
+      grew = false
+      for _, r in ipairs(rows) do
+        if r.pid and r.pid > 1 and not members[r.pid] then
+          local hit = members[r.ppid] ~= nil
+          if not hit then
+            local f = io.open("/proc/" .. r.pid .. "/environ", "rb")
+            if f then
+              readable = true
+              hit = (f:read("a") or ""):find(marker, 1, true) ~= nil
+              f:close()
+            end
+          end
+          if hit then
+            members[r.pid] = true
+            list[#list + 1] = r.pid
+            core.proc.signal(r.pid, "STOP")
+            grew, new = true, new + 1
+          end
+        end
+      end
+    end
+    if not readable then return nil, "cannot read the box's processes from this host", "unsupported" end
+    if new == 0 then break end
+  end
+  local n = 0
+  for _, pid in ipairs(list) do
+    if core.proc.signal(pid, "KILL") then n = n + 1 end
+  end
+  for _, pid in ipairs(list) do core.proc.signal(pid, "CONT") end
+  return n
+end
+
 -- Reaper ----------------------------------------------------------------------------
 
 -- reap(opts) -> { removed = {...}, kept = n }: removes boxes whose owner
