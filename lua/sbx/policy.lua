@@ -82,7 +82,19 @@ policy.files = {
 -- The MCP server (sbx mcp).
 policy.mcp = {
   progress_interval = 5,        -- seconds between progress notifications of a quiet command
-  max_line = 64 * MiB,          -- the longest JSON-RPC message read from stdin
+  max_line = 64 * MiB,          -- the longest JSON-RPC message read from stdin; a longer one is answered with an error and dropped
+  -- What initialize tells the client about the server: a string, or a
+  -- function of the policy returning one.
+  instructions = function(p)
+    return "Tools run commands in an isolated sandbox (" .. tostring(p.box.backend) .. ")."
+  end,
+  -- The message of a progress notification. info: elapsed (seconds), bytes
+  -- (of output so far), last_line (the last output line), count (this
+  -- notification's number).
+  format_progress = function(info)
+    return string.format("running for %.0fs; %d bytes of output; last line: %s",
+      info.elapsed, info.bytes, info.last_line:sub(1, 200))
+  end,
 }
 
 -- HTTP from Lua (sbx.http, sbx.httpc, the Docker and AWS clients).
