@@ -42,6 +42,42 @@ end
 
 local commands = {}
 
+--[[
+A script's stdout that fails (the reader of `sbx run x.lua | head -1` went
+away) interrupts the script as SIGINT would: print, io.write and
+io.stdout's write and flush raise "interrupted (signal 13)" where the write
+failed, every pending wait of every task gets the same error, and the boxes
+are removed. Without this, print to a closed pipe fails silently (SIGPIPE
+no longer kills sbx, see main.c) and a printing loop runs on, making boxes.
+Returns a function -> nil | { message, errno } of the first failure.
+]]
+local function guard_stdout()
+  local core = sbx.core
+  local stdout = io.stdout
+  local failure
+  local function check(f, ok, msg, errno)
+    if ok then return ok end
+    if f ~= stdout then return ok, msg, errno end
+    if not failure then
+      failure = { message = msg, errno = errno }
+      core.interrupt(core.SIGPIPE)
+    end
+    error(string.format("interrupted (signal %d)", core.SIGPIPE), 0)
+  end
+  local methods = getmetatable(stdout).__index
+  local write, flush, io_write = methods.write, methods.flush, io.write
+  methods.write = function(f, ...) return check(f, write(f, ...)) end
+  methods.flush = function(f, ...) return check(f, flush(f, ...)) end
+  io.write = function(...) return check(io.output(), io_write(...)) end
+  _G.print = function(...)
+    local n = select("#", ...)
+    local parts = table.pack(...)
+    for i = 1, n do parts[i] = tostring(parts[i]) end
+    check(stdout, write(stdout, table.concat(parts, "\t", 1, n), "\n"))
+  end
+  return function() return failure end
+end
+
 function commands.run(args)
   local script = table.remove(args, 1)
   if not script then err("run needs a script (sbx run SCRIPT.lua)") return 2 end
@@ -54,14 +90,34 @@ function commands.run(args)
     pcall(sbx.shutdown)
     return exit(...)
   end
+  local stdout_failure = guard_stdout()
+  -- A closed stdout ends sbx with 141 (128 + SIGPIPE) and no message, as
+  -- a shell reports a pipeline member that SIGPIPE ended: `set -o pipefail`
+  -- sees it as it sees `yes | head -1`, and the boxes are gone all the
+  -- same. Any other stdout failure is reported and ends with 1.
+  local function stdout_closed()
+    local f = stdout_failure()
+    if not f then return nil end
+    if f.errno == sbx.core.EPIPE then return 128 + sbx.core.SIGPIPE end
+    pcall(sbx.shutdown)
+    err("cannot write to stdout: ", tostring(f.message), "; boxes removed")
+    return 1
+  end
   local ok, e = xpcall(chunk, debug.traceback, table.unpack(args))
   if ok then
     ok = sbx.drain()
+    local code = stdout_closed()
+    if code then return code end
     if not ok then return 1 end
     return 0
   end
   local signals, last = sbx.core.signals()
   if signals > 0 and tostring(e):find("interrupted") then
+    if stdout_failure() then
+      pcall(sbx.drain)
+      pcall(sbx.shutdown)
+      return stdout_closed()
+    end
     err("interrupted; removing boxes")
     -- Tasks woke with the same error and are cleaning up after themselves
     -- (a box half created, a command to kill): let them finish.
