@@ -106,10 +106,22 @@ policy.http = {
 -- Call traces (sbx.trace): every box call as one JSON line.
 policy.trace = {
   path = nil,                   -- a file: record from the first sbx.box{} on (also SBX_TRACE=path)
-  -- Env names matching any of these Lua patterns (compared upper-cased)
-  -- have their values recorded as "[redacted]".
-  redact = { "KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH" },
-  secrets = {},                 -- literal strings replaced by "[redacted]" anywhere in a record
+  -- Env names matching any of these Lua patterns have their values recorded
+  -- as "[redacted]". Names are upper-cased first, and so are the patterns'
+  -- letters (not their %-classes: %w stays %w). %f[%w]X%f[%W] matches X as
+  -- a word part between underscores: GITHUB_PAT, not PATH.
+  redact = {
+    "KEY", "TOKEN", "SECRET", "PASS", "CRED", "COOKIE", "SESSION", "PRIVATE", "DSN", "CONN%a*_STR",
+    "AUTH%f[%W]", "AUTHORI[SZ]",  -- OAUTH, BASIC_AUTH, AUTHORIZATION; not GIT_AUTHOR_NAME
+    "%f[%w]PAT%f[%W]",            -- GITHUB_PAT, PAT_X; not PATH
+    "_PWD%f[%W]", "^PWD_",        -- DB_PWD, PWD_X; not the shell's PWD and OLDPWD
+  },
+  -- A value redacted by its name is also replaced wherever it appears in
+  -- any record (output, commands, file data, messages) when it has at
+  -- least this many bytes; a shorter one would blank out ordinary text.
+  min_value_bytes = 8,
+  url_credentials = true,       -- scheme://user:password@host anywhere: the userinfo is "[redacted]", the password replaced everywhere
+  secrets = {},                 -- literal strings replaced by "[redacted]" anywhere in a record (any length)
   record_stdin = false,         -- record exec stdin and write_file data (else only their size)
 }
 
