@@ -40,6 +40,13 @@ local function err(...)
   io.stderr:write("sbx: ", table.concat({ ... }), "\n")
 end
 
+-- The value after option args[i], or nil after saying which option lacks one.
+local function value_of(cmd, args, i)
+  local v = args[i + 1]
+  if v == nil then err(cmd, ": ", args[i], " needs a value") end
+  return v
+end
+
 local commands = {}
 
 --[[
@@ -155,7 +162,10 @@ function commands.tools(args)
   local format, strict = "mcp", nil
   local i = 1
   while args[i] do
-    if args[i] == "--format" then format = args[i + 1]; i = i + 2
+    if args[i] == "--format" then
+      format = value_of("tools", args, i)
+      if not format then return 2 end
+      i = i + 2
     elseif args[i] == "--strict" then strict = true; i = i + 1
     elseif args[i] == "--no-strict" then strict = false; i = i + 1
     else err("tools: unknown option ", args[i]) return 2 end
@@ -171,8 +181,11 @@ function commands.mcp(args)
   local i = 1
   while args[i] do
     local a = args[i]
-    if a == "--backend" then box.backend = args[i + 1]; i = i + 2
-    elseif a == "--image" then box.image = args[i + 1]; i = i + 2
+    if a == "--backend" or a == "--image" then
+      local v = value_of("mcp", args, i)
+      if not v then return 2 end
+      box[a:sub(3)] = v
+      i = i + 2
     else err("mcp: unknown option ", a) return 2 end
   end
   local ok, e = pcall(require("sbx.mcp").serve, { box = box })
@@ -209,6 +222,10 @@ function commands.eval(args)
     else file = a; i = i + 1 end
   end
   if not file then err("eval needs a task file (sbx eval TASKS.jsonl|TASKS.lua)") return 2 end
+  if sbx.core.path_type(file) == "dir" then
+    err("eval: ", file, " is a directory; give a task file (TASKS.jsonl or TASKS.lua)")
+    return 2
+  end
   local tasks, terr = harness.load_tasks(file)
   if not tasks then err("eval: ", terr) return 2 end
   opts.tasks = tasks
