@@ -75,15 +75,24 @@ check("print_loop", "local b = assert(" .. BOX .. [[)
 while true do print("box " .. b.id, ("x"):rep(200)) end
 ]], "print in a tight loop")
 
--- A script that keeps making boxes must not go on once nobody reads.
+-- A script that keeps making boxes must not go on once nobody reads. Each
+-- box is dropped and collected just before the write: its removal
+-- (detached, nobody waits for it) is under way when the write fails, and
+-- must still finish. The first line comes early, so head is gone by then.
 check("box_loop", [[
+io.write("box loop\n")
+io.stdout:flush()
+sbx.sleep(0.5)
 while true do
   local b = assert(]] .. BOX .. [[)
-  io.write("box ", b.id, "\n")
+  local id = b.id
+  b = nil
+  collectgarbage()
+  io.write("box ", id, "\n")
   io.stdout:flush()
   sbx.sleep(0.05)
 end
-]], "io.write in a loop that creates boxes")
+]], "io.write in a loop that creates and drops boxes")
 
 -- The printing task fails; the main chunk, waiting, is interrupted too.
 check("task_print", "local b = assert(" .. BOX .. [[)
@@ -134,6 +143,26 @@ do
   tap.is(rc, 0, "mcp: the session ends, exit 0, while its input is still open")
   tap.is(pid and boxes_of(pid), 0, "mcp: the box (and the call in flight) is gone")
   tap.is(slurp(base .. ".err") or "", "", "mcp: nothing on stderr")
+end
+
+-- Commands sbx starts keep the default SIGPIPE (a command in a pipeline
+-- must still die of it), also after libwebsockets, which sets SIG_IGN, ran.
+do
+  local path = dir .. "/sigign.lua"
+  write(path, [[
+local sbx = require "sbx"
+local function ignored()
+  local p = io.popen("grep SigIgn /proc/self/status")
+  local mask = tonumber(p:read("a"):match("(%x+)%s*$"), 16)
+  p:close()
+  return (mask >> (sbx.core.SIGPIPE - 1)) & 1
+end
+local before = ignored()
+sbx.core.ws.connect { url = "ws://127.0.0.1:1/", timeout = 5 }   -- refused; the lws context is made
+print(before, ignored())
+]])
+  local out = H.sh(H.sbx_bin .. " run " .. path)
+  tap.is(out, "0\t0\n", "children get the default SIGPIPE, before and after lws")
 end
 
 os.execute("rm -rf " .. dir)

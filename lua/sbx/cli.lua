@@ -105,8 +105,13 @@ function commands.run(args)
   local function stdout_closed()
     local f = stdout_failure()
     if not f then return nil end
+    -- The failed write raised where it was, so the interruption may still
+    -- be pending: one drain delivers it to the other tasks (and returns),
+    -- the next lets them clean up, detached removals of dropped boxes too.
+    pcall(sbx.drain)
+    pcall(sbx.drain)
     if f.errno == sbx.core.EPIPE then return 128 + sbx.core.SIGPIPE end
-    pcall(sbx.shutdown)
+    pcall(sbx.shutdown)   -- before saying so
     err("cannot write to stdout: ", tostring(f.message), "; boxes removed")
     return 1
   end
@@ -120,11 +125,7 @@ function commands.run(args)
   end
   local signals, last = sbx.core.signals()
   if signals > 0 and tostring(e):find("interrupted") then
-    if stdout_failure() then
-      pcall(sbx.drain)
-      pcall(sbx.shutdown)
-      return stdout_closed()
-    end
+    if stdout_failure() then return stdout_closed() end
     err("interrupted; removing boxes")
     -- Tasks woke with the same error and are cleaning up after themselves
     -- (a box half created, a command to kill): let them finish.
