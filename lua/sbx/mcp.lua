@@ -2,7 +2,10 @@
 -- One box per server session, created at the first tool call; tools come
 -- from the policy (sbx.tools.export "mcp"). Each tools/call runs as its own
 -- task, so a notifications/cancelled stops it (and kills its process tree)
--- while other calls go on. End of input or a signal removes the box.
+-- while other calls go on. End of input, a signal or a client that stops
+-- reading (a failed write) removes the box. A message without id is a
+-- notification: never answered, and before initialize never run. A line
+-- over policy.mcp.max_line is answered with an error and dropped.
 local sbx = require "sbx"
 local json = sbx.json
 
