@@ -700,14 +700,34 @@ core_drain(lua_State *L)
   return 1;
 }
 
-/* core.signals() -> count, last signal number */
+/* core.signals() -> count (signals and core.interrupt calls), last signal number */
 static int
 core_signals(lua_State *L)
 {
   struct sbx_host *h = sbx_host_get(L);
-  lua_pushinteger(L, h->signals);
+  lua_pushinteger(L, h->signals + h->interrupts);
   lua_pushinteger(L, h->last_signal);
   return 2;
+}
+
+/*
+** core.interrupt(signum): the interruption a signal brings, without the
+** signal: counted by core.signals(), and every wait pending at the next
+** scheduler pass ends with "interrupted (signal N)". For failures the
+** caller treats like a signal (stdout gone: core.SIGPIPE). Not counted
+** towards the third signal that exits without cleanup: that one is the
+** user's.
+*/
+static int
+core_interrupt(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  int signum = (int)luaL_checkinteger(L, 1);
+  h->interrupts++;
+  h->last_signal = signum;
+  h->interrupt_pending = 1;
+  uv_stop(&h->loop);
+  return 0;
 }
 
 /* core.exit(code): leaves at once, for the CLI's last word. */
@@ -783,6 +803,7 @@ static const luaL_Reg core_funcs[] = {
   { "path_type", core_path_type },
   { "drain", core_drain },
   { "signals", core_signals },
+  { "interrupt", core_interrupt },
   { "exit", core_exit },
   { NULL, NULL }
 };
@@ -900,5 +921,11 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "version");
   lua_pushstring(L, SBX_COMMIT);
   lua_setfield(L, -2, "commit");
+  /* The platform's numbers, for code that tells a closed pipe from other
+  ** failures (file:write's third result is an errno). */
+  lua_pushinteger(L, EPIPE);
+  lua_setfield(L, -2, "EPIPE");
+  lua_pushinteger(L, SIGPIPE);
+  lua_setfield(L, -2, "SIGPIPE");
   return 1;
 }

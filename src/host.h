@@ -45,6 +45,7 @@ struct sbx_host {
   int detached;                   /* operations nobody waits for (cleanup) */
   uv_signal_t sig_int, sig_term;
   int signals;                    /* how many SIGINT/SIGTERM arrived */
+  int interrupts;                 /* core.interrupt calls (a signal's effect without one) */
   int interrupt_pending;          /* an interrupt not yet delivered */
   int last_signal;
   struct sbx_http *http;          /* libcurl multi on the loop, lazily */

@@ -26,6 +26,7 @@ struct lines {
   int reading;
   int eof;
   int err;
+  int skipping;           /* dropping the rest of a line reported too long */
   char *buf;
   size_t len, cap, max_line;
   struct sbx_waiter *reader;
@@ -84,6 +85,24 @@ has_line(struct lines *l)
   return l->len && memchr(l->buf, '\n', l->len) != NULL;
 }
 
+/* While skipping, bytes up to the next newline are dropped as they come,
+** so a line far beyond the limit never grows the buffer. */
+static void
+skip_rest(struct lines *l)
+{
+  char *nl;
+  if (!l->skipping || !l->len)
+    return;
+  nl = memchr(l->buf, '\n', l->len);
+  if (!nl) {
+    l->len = 0;
+    return;
+  }
+  l->skipping = 0;
+  l->len -= (size_t)(nl - l->buf) + 1;
+  memmove(l->buf, nl + 1, l->len);
+}
+
 static void
 read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 {
@@ -91,6 +110,7 @@ read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
   (void)b;
   if (n > 0) {
     l->len += (size_t)n;
+    skip_rest(l);
     /* Stop reading once a line is there or the buffer is at its limit:
     ** the writer then waits for us (back-pressure). */
     if (has_line(l) || l->len > l->max_line) {
@@ -119,21 +139,29 @@ reader_detach(struct sbx_waiter *w)
   w->source = NULL;
 }
 
-/* Pushes the next line (without its newline) or nil, reason. */
+/*
+** Pushes the next line (without its newline) or nil, reason. A line longer
+** than max_line is reported once as "too_long" (as soon as max_line bytes
+** are there without a newline) and the rest of it is dropped: the next
+** read returns the line after it.
+*/
 static int
 push_line(lua_State *L, struct lines *l)
 {
-  char *nl = l->len ? memchr(l->buf, '\n', l->len) : NULL;
+  char *nl;
   size_t take;
-  if (nl) {
+  skip_rest(l);
+  nl = l->len ? memchr(l->buf, '\n', l->len) : NULL;
+  if (nl && (size_t)(nl - l->buf) <= l->max_line) {
     take = (size_t)(nl - l->buf);
     lua_pushlstring(L, l->buf, take > 0 && l->buf[take - 1] == '\r' ? take - 1 : take);
     memmove(l->buf, nl + 1, l->len - take - 1);
     l->len -= take + 1;
     return 1;
   }
-  if (l->len > l->max_line) {
-    l->len = 0;
+  if (nl || l->len > l->max_line) {
+    l->skipping = 1;
+    skip_rest(l);
     return sbx_pushfail(L, "too_long", "a line longer than %d bytes", (int)l->max_line);
   }
   if (l->eof) {
@@ -170,6 +198,7 @@ read_k(lua_State *L, int status, lua_KContext ctx)
 static void
 fill_from_file(struct lines *l)
 {
+  skip_rest(l);
   while (!has_line(l) && !l->eof && l->len <= l->max_line) {
     ssize_t n;
     if (l->cap - l->len < 4096) {
@@ -184,8 +213,10 @@ fill_from_file(struct lines *l)
       l->cap = c;
     }
     n = read(l->fd, l->buf + l->len, l->cap - l->len);
-    if (n > 0)
+    if (n > 0) {
       l->len += (size_t)n;
+      skip_rest(l);
+    }
     else if (n == 0 || errno != EINTR) {
       l->eof = 1;
       if (n < 0)
@@ -194,7 +225,8 @@ fill_from_file(struct lines *l)
   }
 }
 
-/* reader:read([timeout]) -> line | nil, message, "eof"|"timeout"|"too_long"|"closed". May yield. */
+/* reader:read([timeout]) -> line | nil, message, "eof"|"timeout"|"too_long"|"closed". May yield.
+** After "too_long" the reader goes on with the next line. */
 static int
 lines_read(lua_State *L)
 {
@@ -243,6 +275,7 @@ lines_close_l(struct lines_ud *ud)
   lines_unref(l);
 }
 
+/* reader:close(): a read in progress returns nil, "reader closed", "closed". */
 static int
 lines_gc(lua_State *L)
 {
@@ -299,6 +332,7 @@ static const luaL_Reg lines_funcs[] = {
 
 static const luaL_Reg lines_methods[] = {
   { "read", lines_read },
+  { "close", lines_gc },
   { NULL, NULL }
 };
 

@@ -6,7 +6,21 @@
 #include "sbx.h"
 
 #include <lauxlib.h>
+#include <signal.h>
 #include <stdio.h>
+#include <string.h>
+
+/* Does nothing: its only job is that a write to a closed pipe fails with
+** EPIPE (which cli.lua turns into an interruption that removes the boxes)
+** instead of killing sbx with its boxes still running. A handler rather
+** than SIG_IGN because exec resets a handler to the default but passes
+** SIG_IGN on: a command started with io.popen or os.execute still gets the
+** usual SIGPIPE. */
+static void
+on_sigpipe(int signum)
+{
+  (void)signum;
+}
 
 static int
 pmain(lua_State *L)
@@ -30,8 +44,15 @@ pmain(lua_State *L)
 int
 main(int argc, char **argv)
 {
-  lua_State *L = sbx_new();
+  lua_State *L;
   int status, code = 1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigpipe;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGPIPE, &sa, NULL);
+  L = sbx_new();
   if (!L) {
     fprintf(stderr, "sbx: out of memory\n");
     return 1;

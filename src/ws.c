@@ -20,6 +20,7 @@
 
 #include <libwebsockets.h>
 #include <openssl/ssl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -639,6 +640,7 @@ ws_get(struct sbx_host *h)
   struct handle_set before = { NULL, 0, 0, 0 };
   void *loops[1];
   struct sbx_ws *ws;
+  struct sigaction pipe_before;
   const char *log = getenv("SBX_WS_LOG");
   if (h->ws)
     return h->ws;
@@ -661,7 +663,14 @@ ws_get(struct sbx_host *h)
   info.connect_timeout_secs = LWS_OWN_TIMEOUT;
   info.pt_serv_buf_size = SERV_BUF;
   uv_walk(&h->loop, collect_handle, &before);
+  /* lws sets SIGPIPE to SIG_IGN process-wide so a peer that goes away
+  ** cannot kill it. A handler the program installed (the sbx command's)
+  ** protects lws as well and, unlike SIG_IGN, is not inherited by the
+  ** commands it starts: put it back. */
+  sigaction(SIGPIPE, NULL, &pipe_before);
   ws->ctx = lws_create_context(&info);
+  if (pipe_before.sa_handler != SIG_DFL && pipe_before.sa_handler != SIG_IGN)
+    sigaction(SIGPIPE, &pipe_before, NULL);
   if (ws->ctx && !before.failed)
     uv_walk(&h->loop, unref_new_handle, &before);
   free(before.v);

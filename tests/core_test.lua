@@ -87,4 +87,27 @@ tap.is(code, "ECONNREFUSED", "with a stable code (" .. tostring(err) .. ")")
 r, err, code = sbx.http.request { url = "http://x/", unix_socket = "/tmp/sbx-none.sock" }
 tap.is(r, nil, "a missing unix socket too (" .. tostring(code) .. ")")
 tap.checkerr("url", sbx.http.request, {})
+
+-- A failed task nobody kept is collected before the end: drain says nothing
+-- about it (its finalizer ran, its weak entry goes one cycle later), and
+-- still reports a failed task that is kept.
+do
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write([[
+local sbx = require "sbx"
+local kept = sbx.spawn(function() error("boom-kept", 0) end)
+sbx.spawn(function() error("boom-dropped", 0) end)
+sbx.sleep(0)
+collectgarbage()
+]])
+  f:close()
+  local p = io.popen((os.getenv("SBX_BIN") or "build/sbx") .. " run " .. path .. " 2>&1")
+  local out = p:read("a")
+  p:close()
+  os.remove(path)
+  local reports = select(2, out:gsub("a task failed and nobody waited for it", ""))
+  tap.is(reports, 1, "one report, for the kept task", out)
+  tap.like(out, "nobody waited for it: boom%-kept", "with its error")
+end
 tap.done()

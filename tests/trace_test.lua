@@ -182,5 +182,108 @@ for _, s in ipairs(seen) do
 end
 tap.like(replayed.extra_box or "", 'replay mismatch: expected no more boxes', "a second box has no recorded box left")
 
+-- Redaction everywhere in a record ------------------------------------------------
+-- Values redacted by env name are replaced wherever they appear (output,
+-- commands, file data before it is base64-encoded); URL credentials are
+-- replaced anywhere; the default name patterns cover DB_PASS, GITHUB_PAT,
+-- lower-case names, but not PATH.
+do
+  local path = dir .. "/redact.jsonl"
+  local SECRETS = {
+    "dbpassword-1", "hunter2hunter2", "ghp_patvalue_0123456789", "lowercasesecret", "boxtokenvalue123",
+    "s3cr3tpw", "cookievalue42", "sessionvalue42",
+  }
+  tap.ok(sbx.trace.start(path, { record_stdin = true }), "redaction: trace started")
+  local b = H.box { image = H.busybox, env = { BOX_TOKEN = "boxtokenvalue123" } }
+  local env = {
+    DB_PASS = "dbpassword-1",
+    DATABASE_URL = "postgres://u:hunter2hunter2@db/x",
+    GITHUB_PAT = "ghp_patvalue_0123456789",
+    db_password = "lowercasesecret",
+    SHORT_TOKEN = "abc12",
+    HTTP_COOKIE = "cookievalue42",
+    SESSION_ID = "sessionvalue42",
+    PATH = "/usr/local/bin:/usr/bin:/bin",
+    PATHOLOGY = "not-a-secret-at-all",
+    OLDPWD = "/work/previous",
+  }
+  local r = b:exec('echo "$DB_PASS $GITHUB_PAT $db_password $HTTP_COOKIE $SESSION_ID"; echo "$DATABASE_URL" >&2;'
+    .. ' echo pw=hunter2hunter2; echo abc12345; echo "$PATH $PATHOLOGY $OLDPWD"', { env = env })
+  tap.like(r.stdout, "dbpassword%-1 ghp_", "redaction: the command saw the real values")
+  b:exec("echo dbpassword-1 in the command; echo box=$BOX_TOKEN")
+  b:exec("echo https://alice:s3cr3tpw@example.com/x ssh://git@example.com/repo")
+  b:write_file("/tmp/s.bin", "\255\254 dbpassword-1 \255")
+  local data = b:read_file("/tmp/s.bin")
+  tap.is(data, "\255\254 dbpassword-1 \255", "redaction: the file round trip is untouched")
+  b:close()
+  sbx.trace.stop()
+
+  local f = assert(io.open(path))
+  local text = f:read("a")
+  f:close()
+  local recs = assert(sbx.trace.load(path))
+  -- Every string of every record, base64 fields decoded.
+  local strings = {}
+  local function collect(v)
+    if type(v) == "string" then strings[#strings + 1] = v
+    elseif type(v) == "table" then
+      if v.base64 then strings[#strings + 1] = sbx.trace.bytes_in(v) end
+      for _, x in pairs(v) do collect(x) end
+    end
+  end
+  collect(recs)
+  local all = table.concat(strings, "\n")
+  for _, secret in ipairs(SECRETS) do
+    tap.ok(not text:find(secret, 1, true) and not all:find(secret, 1, true),
+      "redaction: " .. secret .. " appears nowhere, base64 data included")
+  end
+  local by_op = {}
+  for _, rec in ipairs(recs) do
+    by_op[rec.op] = by_op[rec.op] or {}
+    table.insert(by_op[rec.op], rec)
+  end
+  local e1 = by_op.exec[1]
+  local renv = e1.args.env
+  tap.is(renv.DB_PASS, "[redacted]", "redaction: DB_PASS")
+  tap.is(renv.GITHUB_PAT, "[redacted]", "redaction: GITHUB_PAT")
+  tap.is(renv.db_password, "[redacted]", "redaction: names compare case-insensitively")
+  tap.is(renv.HTTP_COOKIE, "[redacted]", "redaction: COOKIE")
+  tap.is(renv.SESSION_ID, "[redacted]", "redaction: SESSION")
+  tap.is(renv.DATABASE_URL, "postgres://[redacted]@db/x", "redaction: DATABASE_URL keeps scheme and host")
+  tap.is(renv.SHORT_TOKEN, "[redacted]", "redaction: a short value is redacted by its name")
+  tap.is(renv.PATH, "/usr/local/bin:/usr/bin:/bin", "redaction: PATH is kept")
+  tap.is(renv.PATHOLOGY, "not-a-secret-at-all", "redaction: PAT only as a word part")
+  tap.is(renv.OLDPWD, "/work/previous", "redaction: the shell's OLDPWD is kept")
+  local out = e1.result.parts.stdout.head
+  tap.like(out, "^%[redacted%] %[redacted%] %[redacted%] %[redacted%] %[redacted%]\n", "redaction: echoed values in stdout", out)
+  tap.like(out, "\npw=%[redacted%]\n", "redaction: a URL's password is replaced alone too", out)
+  tap.like(out, "\nabc12345\n", "redaction: a short (< 8 bytes) value is not replaced elsewhere", out)
+  tap.like(out, "/usr/local/bin:/usr/bin:/bin not%-a%-secret%-at%-all /work/previous\n$", "redaction: PATH's value is kept", out)
+  tap.is(e1.result.parts.stderr.head, "postgres://[redacted]@db/x\n", "redaction: URL credentials in stderr")
+  local e2 = by_op.exec[2]
+  tap.is(e2.args.command, "echo [redacted] in the command; echo box=$BOX_TOKEN", "redaction: a secret inside a command string")
+  tap.is(e2.result.parts.stdout.head, "[redacted] in the command\nbox=[redacted]\n",
+    "redaction: a value of the box's env, in a later record")
+  local e3 = by_op.exec[3]
+  tap.is(e3.args.command, "echo https://[redacted]@example.com/x ssh://git@example.com/repo",
+    "redaction: URL credentials in a command; a user alone is kept")
+  tap.is(by_op.create[1].args.env.BOX_TOKEN, "[redacted]", "redaction: the box's env in the create record")
+  tap.is(sbx.trace.bytes_in(by_op.write_file[1].args.data), "\255\254 [redacted] \255",
+    "redaction: binary file data is redacted before base64")
+  tap.is(sbx.trace.bytes_in(by_op.read_file[1].result.data), "\255\254 [redacted] \255",
+    "redaction: read data too")
+
+  -- The redacted trace still replays.
+  local rb = assert(sbx.box { backend = "replay", trace = path })
+  local rr, rerr = rb:exec('echo "$DB_PASS $GITHUB_PAT $db_password $HTTP_COOKIE $SESSION_ID"; echo "$DATABASE_URL" >&2;'
+    .. ' echo pw=hunter2hunter2; echo abc12345; echo "$PATH $PATHOLOGY $OLDPWD"', { env = env })
+  tap.is(rr and rr.stdout, out, "replay: the redacted exec answers with the recorded output", rerr)
+  rr, rerr = rb:exec("echo dbpassword-1 in the command; echo box=$BOX_TOKEN")
+  tap.ok(rr and rr.exit_code == 0, "replay: a command with a redacted part matches", rerr)
+  rr, rerr = rb:exec("echo https://alice:s3cr3tpw@example.com/x ssh://git@example.com/repo")
+  tap.ok(rr and rr.exit_code == 0, "replay: a command with redacted URL credentials matches", rerr)
+  rb:close()
+end
+
 os.execute("rm -rf " .. dir)
 tap.done()

@@ -46,7 +46,50 @@ local function err(...)
   io.stderr:write("sbx: ", table.concat({ ... }), "\n")
 end
 
+-- The value after option args[i], or nil after saying which option lacks one.
+local function value_of(cmd, args, i)
+  local v = args[i + 1]
+  if v == nil then err(cmd, ": ", args[i], " needs a value") end
+  return v
+end
+
 local commands = {}
+
+--[[
+A script's stdout that fails (the reader of `sbx run x.lua | head -1` went
+away) interrupts the script as SIGINT would: print, io.write and
+io.stdout's write and flush raise "interrupted (signal 13)" where the write
+failed, every pending wait of every task gets the same error, and the boxes
+are removed. Without this, print to a closed pipe fails silently (SIGPIPE
+no longer kills sbx, see main.c) and a printing loop runs on, making boxes.
+Returns a function -> nil | { message, errno } of the first failure.
+]]
+local function guard_stdout()
+  local core = sbx.core
+  local stdout = io.stdout
+  local failure
+  local function check(f, ok, msg, errno)
+    if ok then return ok end
+    if f ~= stdout then return ok, msg, errno end
+    if not failure then
+      failure = { message = msg, errno = errno }
+      core.interrupt(core.SIGPIPE)
+    end
+    error(string.format("interrupted (signal %d)", core.SIGPIPE), 0)
+  end
+  local methods = getmetatable(stdout).__index
+  local write, flush, io_write = methods.write, methods.flush, io.write
+  methods.write = function(f, ...) return check(f, write(f, ...)) end
+  methods.flush = function(f, ...) return check(f, flush(f, ...)) end
+  io.write = function(...) return check(io.output(), io_write(...)) end
+  _G.print = function(...)
+    local n = select("#", ...)
+    local parts = table.pack(...)
+    for i = 1, n do parts[i] = tostring(parts[i]) end
+    check(stdout, write(stdout, table.concat(parts, "\t", 1, n), "\n"))
+  end
+  return function() return failure end
+end
 
 function commands.run(args)
   local script = table.remove(args, 1)
@@ -60,14 +103,35 @@ function commands.run(args)
     pcall(sbx.shutdown)
     return exit(...)
   end
+  local stdout_failure = guard_stdout()
+  -- A closed stdout ends sbx with 141 (128 + SIGPIPE) and no message, as
+  -- a shell reports a pipeline member that SIGPIPE ended: `set -o pipefail`
+  -- sees it as it sees `yes | head -1`, and the boxes are gone all the
+  -- same. Any other stdout failure is reported and ends with 1.
+  local function stdout_closed()
+    local f = stdout_failure()
+    if not f then return nil end
+    -- The failed write raised where it was, so the interruption may still
+    -- be pending: one drain delivers it to the other tasks (and returns),
+    -- the next lets them clean up, detached removals of dropped boxes too.
+    pcall(sbx.drain)
+    pcall(sbx.drain)
+    if f.errno == sbx.core.EPIPE then return 128 + sbx.core.SIGPIPE end
+    pcall(sbx.shutdown)   -- before saying so
+    err("cannot write to stdout: ", tostring(f.message), "; boxes removed")
+    return 1
+  end
   local ok, e = xpcall(chunk, debug.traceback, table.unpack(args))
   if ok then
     ok = sbx.drain()
+    local code = stdout_closed()
+    if code then return code end
     if not ok then return 1 end
     return 0
   end
   local signals, last = sbx.core.signals()
   if signals > 0 and tostring(e):find("interrupted") then
+    if stdout_failure() then return stdout_closed() end
     err("interrupted; removing boxes")
     -- Tasks woke with the same error and are cleaning up after themselves
     -- (a box half created, a command to kill): let them finish.
@@ -105,7 +169,10 @@ function commands.tools(args)
   local format, strict = "mcp", nil
   local i = 1
   while args[i] do
-    if args[i] == "--format" then format = args[i + 1]; i = i + 2
+    if args[i] == "--format" then
+      format = value_of("tools", args, i)
+      if not format then return 2 end
+      i = i + 2
     elseif args[i] == "--strict" then strict = true; i = i + 1
     elseif args[i] == "--no-strict" then strict = false; i = i + 1
     else err("tools: unknown option ", args[i]) return 2 end
@@ -142,8 +209,11 @@ function commands.mcp(args)
   local i = 1
   while args[i] do
     local a = args[i]
-    if a == "--backend" then box.backend = args[i + 1]; i = i + 2
-    elseif a == "--image" then box.image = args[i + 1]; i = i + 2
+    if a == "--backend" or a == "--image" then
+      local v = value_of("mcp", args, i)
+      if not v then return 2 end
+      box[a:sub(3)] = v
+      i = i + 2
     else err("mcp: unknown option ", a) return 2 end
   end
   local ok, e = pcall(require("sbx.mcp").serve, { box = box })
@@ -180,6 +250,10 @@ function commands.eval(args)
     else file = a; i = i + 1 end
   end
   if not file then err("eval needs a task file (sbx eval TASKS.jsonl|TASKS.lua)") return 2 end
+  if sbx.core.path_type(file) == "dir" then
+    err("eval: ", file, " is a directory; give a task file (TASKS.jsonl or TASKS.lua)")
+    return 2
+  end
   local tasks, terr = harness.load_tasks(file)
   if not tasks then err("eval: ", terr) return 2 end
   opts.tasks = tasks

@@ -172,9 +172,12 @@ function sbx.drain()
   local interrupted = core.signals() > 0
   for t in pairs(spawned) do
     if t:status() == "failed" and not t:observed() then
-      local _, msg = t:result()
+      local finished, msg = t:result()
+      -- No result (nil): nobody held the task and the collector finalized
+      -- it; its weak entry goes at the next cycle. Like a task already gone
+      -- from spawned, it is not reported.
       -- After a signal every waiting task fails the same way: say it once.
-      if not (interrupted and tostring(msg):find("^interrupted")) then
+      if finished ~= nil and not (interrupted and tostring(msg):find("^interrupted")) then
         io.stderr:write("sbx: a task failed and nobody waited for it: ", tostring(msg), "\n")
       end
     end

@@ -100,7 +100,19 @@ policy.files = {
 -- The MCP server (sbx mcp).
 policy.mcp = {
   progress_interval = 5,        -- seconds between progress notifications of a quiet command
-  max_line = 64 * MiB,          -- the longest JSON-RPC message read from stdin
+  max_line = 64 * MiB,          -- the longest JSON-RPC message read from stdin; a longer one is answered with an error and dropped
+  -- What initialize tells the client about the server: a string, or a
+  -- function of the policy returning one.
+  instructions = function(p)
+    return "Tools run commands in an isolated sandbox (" .. tostring(p.box.backend) .. ")."
+  end,
+  -- The message of a progress notification. info: elapsed (seconds), bytes
+  -- (of output so far), last_line (the last output line), count (this
+  -- notification's number).
+  format_progress = function(info)
+    return string.format("running for %.0fs; %d bytes of output; last line: %s",
+      info.elapsed, info.bytes, info.last_line:sub(1, 200))
+  end,
 }
 
 -- HTTP from Lua (sbx.http, sbx.httpc, the Docker and AWS clients).
@@ -154,10 +166,22 @@ policy.user = {}
 -- Call traces (sbx.trace): every box call as one JSON line.
 policy.trace = {
   path = nil,                   -- a file: record from the first sbx.box{} on (also SBX_TRACE=path)
-  -- Env names matching any of these Lua patterns (compared upper-cased)
-  -- have their values recorded as "[redacted]".
-  redact = { "KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH" },
-  secrets = {},                 -- literal strings replaced by "[redacted]" anywhere in a record
+  -- Env names matching any of these Lua patterns have their values recorded
+  -- as "[redacted]". Names are upper-cased first, and so are the patterns'
+  -- letters (not their %-classes: %w stays %w). %f[%w]X%f[%W] matches X as
+  -- a word part between underscores: GITHUB_PAT, not PATH.
+  redact = {
+    "KEY", "TOKEN", "SECRET", "PASS", "CRED", "COOKIE", "SESSION", "PRIVATE", "DSN", "CONN%a*_STR",
+    "AUTH%f[%W]", "AUTHORI[SZ]",  -- OAUTH, BASIC_AUTH, AUTHORIZATION; not GIT_AUTHOR_NAME
+    "%f[%w]PAT%f[%W]",            -- GITHUB_PAT, PAT_X; not PATH
+    "_PWD%f[%W]", "^PWD_",        -- DB_PWD, PWD_X; not the shell's PWD and OLDPWD
+  },
+  -- A value redacted by its name is also replaced wherever it appears in
+  -- any record (output, commands, file data, messages) when it has at
+  -- least this many bytes; a shorter one would blank out ordinary text.
+  min_value_bytes = 8,
+  url_credentials = true,       -- scheme://user:password@host anywhere: the userinfo is "[redacted]", the password replaced everywhere
+  secrets = {},                 -- literal strings replaced by "[redacted]" anywhere in a record (any length)
   record_stdin = false,         -- record exec stdin and write_file data (else only their size)
 }
 

@@ -95,32 +95,104 @@ local function copy(v)
   return c
 end
 
-local function redact_env(env, patterns)
+-- Redaction ---------------------------------------------------------------------
+--
+-- Three rules, applied to every string of every record (and to bytes before
+-- they are base64-encoded, so a secret is not hidden from them by encoding):
+--   * env values whose names match policy.trace.redact are "[redacted]";
+--   * those values (of min_value_bytes or more), the password of every URL
+--     seen, and the listed secrets are replaced wherever they appear, in
+--     this record and every later one;
+--   * scheme://user:password@host keeps its scheme and host, its userinfo
+--     is "[redacted]" (a user alone, as in ssh://git@host, is kept).
+
+local MASK = "[redacted]"
+
+-- A name pattern compared with an upper-cased name: its letters upper-cased,
+-- its %-escapes kept ("%w" must not become "%W").
+local function upper_pattern(p)
+  return (p:gsub("(%%?)(.)", function(esc, c) return esc == "" and c:upper() or esc .. c end))
+end
+
+-- Remembers a redacted value so it is replaced wherever it appears.
+local function learn(st, value, min)
+  if type(value) ~= "string" or #value < (min or 1) or st.known[value] then return end
+  st.known[value] = true
+  st.secrets[#st.secrets + 1] = value
+  -- Longest first: a secret that contains another is replaced whole.
+  table.sort(st.secrets, function(a, b) return #a > #b end)
+end
+
+local function redact_urls(st, s)
+  if not st.url_credentials or not s:find("://", 1, true) then return s end
+  -- Up to the last @ before the path: a password may hold an unencoded @.
+  return (s:gsub("(%a[%w+.%-]*://)([^%s/?#]*)@", function(scheme, userinfo)
+    local pass = userinfo:match("^[^:]*:(.*)$")
+    if not pass then return nil end
+    learn(st, pass, st.min_value_bytes)
+    return scheme .. MASK .. "@"
+  end))
+end
+
+local function redact_literals(st, s)
+  for _, secret in ipairs(st.secrets) do
+    if s:find(secret, 1, true) then s = s:gsub(secret:gsub("%p", "%%%0"), MASK) end
+  end
+  return s
+end
+
+-- One string, all rules: for bytes about to be encoded.
+local function scrub_string(st, s)
+  if type(s) ~= "string" then return s end
+  return redact_literals(st, redact_urls(st, s))
+end
+
+-- Every string of v through f (in place for tables).
+local function each_string(v, f)
+  if type(v) == "string" then return f(v) end
+  if type(v) == "table" then
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    for _, k in ipairs(keys) do v[k] = each_string(v[k], f) end
+  end
+  return v
+end
+
+-- A record, all rules: URLs first over the whole record, so a password
+-- learned from one field is replaced in every other.
+local function scrub(st, rec)
+  each_string(rec, function(s) return redact_urls(st, s) end)
+  if #st.secrets > 0 then each_string(rec, function(s) return redact_literals(st, s) end) end
+  return rec
+end
+
+local function secret_name(st, name)
+  local up = name:upper()
+  for _, p in ipairs(st.redact) do
+    if up:find(p) then return true end
+  end
+  return false
+end
+
+local function redact_env(st, env)
   if type(env) ~= "table" then return env end
   local out = {}
   for k, v in pairs(env) do
-    local name = tostring(k):upper()
-    local secret = false
-    for _, p in ipairs(patterns) do
-      if name:find(p:upper()) then secret = true; break end
+    local name = tostring(k)
+    if v ~= false and secret_name(st, name) then
+      learn(st, tostring(v), st.min_value_bytes)
+      out[name] = MASK
+    else
+      if type(v) == "string" then v = redact_urls(st, v) end
+      out[name] = v
     end
-    out[tostring(k)] = (secret and v ~= false) and "[redacted]" or v
   end
   return out
 end
 
--- Replaces every literal secret in every string of v (in place for tables).
-local function scrub(v, secrets)
-  if #secrets == 0 then return v end
-  if type(v) == "string" then
-    for _, s in ipairs(secrets) do v = v:gsub(s:gsub("%p", "%%%0"), "[redacted]") end
-    return v
-  elseif type(v) == "table" then
-    local keys = {}
-    for k in pairs(v) do keys[#keys + 1] = k end
-    for _, k in ipairs(keys) do v[k] = scrub(v[k], secrets) end
-  end
-  return v
+-- Bytes for the record: redacted, then a string or { base64 = ... }.
+local function bytes_out(st, s)
+  return M.bytes_out(scrub_string(st, s))
 end
 
 -- What each op records -----------------------------------------------------------
@@ -139,19 +211,19 @@ local describe = {}
 function describe.exec(st, self, command, opts)
   opts = type(opts) == "table" and opts or {}
   local a = {
-    command = copy(command), env = redact_env(opts.env, st.redact), cwd = opts.cwd, user = opts.user,
+    command = copy(command), env = redact_env(st, opts.env), cwd = opts.cwd, user = opts.user,
     timeout = opts.timeout, shell = opts.shell,
     stdin_bytes = type(opts.stdin) == "string" and #opts.stdin or nil,
   }
-  if st.record_stdin and type(opts.stdin) == "string" then a.stdin = M.bytes_out(opts.stdin) end
+  if st.record_stdin and type(opts.stdin) == "string" then a.stdin = bytes_out(st, opts.stdin) end
   return a
 end
 
 function describe.spawn(st, self, command, opts)
   opts = type(opts) == "table" and opts or {}
-  local a = { command = copy(command), name = opts.name, env = redact_env(opts.env, st.redact),
+  local a = { command = copy(command), name = opts.name, env = redact_env(st, opts.env),
     cwd = opts.cwd, user = opts.user, stdin_bytes = type(opts.stdin) == "string" and #opts.stdin or nil }
-  if st.record_stdin and type(opts.stdin) == "string" then a.stdin = M.bytes_out(opts.stdin) end
+  if st.record_stdin and type(opts.stdin) == "string" then a.stdin = bytes_out(st, opts.stdin) end
   return a
 end
 
@@ -163,7 +235,7 @@ function describe.kill(st, self, name, signal) return { name = name, signal = si
 function describe.wait(st, self, name, timeout) return { name = name, timeout = timeout } end
 function describe.write_file(st, self, path, data, opts)
   local a = { path = path, bytes = type(data) == "string" and #data or nil, timeout = type(opts) == "table" and opts.timeout or nil }
-  if st.record_stdin and type(data) == "string" then a.data = M.bytes_out(data) end
+  if st.record_stdin and type(data) == "string" then a.data = bytes_out(st, data) end
   return a
 end
 function describe.read_file(st, self, path, opts)
@@ -183,19 +255,20 @@ function outcome.exec(r)
     parts = parts_of(r),
   }
 end
-function outcome.spawn(name, self) return { name = name, command = self.procs[name] and self.procs[name].command } end
+-- A copy: the record is redacted in place and the box keeps its command.
+function outcome.spawn(name, self) return { name = name, command = copy(self.procs[name] and self.procs[name].command) } end
 function outcome.output(o) return copy(o) end
 function outcome.kill(p) return copy(p) end
 function outcome.wait(p) return copy(p) end
 function outcome.processes(list) return { list = json.array(copy(list)) } end
 function outcome.write_file(ok) return { ok = ok } end
-function outcome.read_file(data) return { data = M.bytes_out(data) } end
+function outcome.read_file(data, _, st) return { data = bytes_out(st, data) } end
 function outcome.close(ok) return { ok = ok } end
 
 -- Writing ---------------------------------------------------------------------------
 
 local function write(st, rec)
-  scrub(rec, st.secrets)
+  scrub(st, rec)
   local ok, line = pcall(json.encode, rec)
   if not ok then
     line = json.encode({ seq = rec.seq, t = rec.t, box = rec.box, op = rec.op, duration = rec.duration,
@@ -248,7 +321,7 @@ local function wrap(op, orig)
     if r[2] == nil and op ~= "close" then
       rec.error = { message = r[3], code = r[4] }
     else
-      local ook, res = pcall(outcome[op], r[2], self)
+      local ook, res = pcall(outcome[op], r[2], self, st)
       rec.result = ook and res or { describe_error = tostring(res) }
     end
     if state == st then write(st, rec) end
@@ -261,7 +334,7 @@ function tracer.begin() return core.now() end
 function tracer.created(t0, spec, box, err, code)
   local st = state
   if not st then return end
-  local env = redact_env(spec.env, st.redact)
+  local env = redact_env(st, spec.env)
   local rec = {
     seq = next_seq(st), t = t0 - st.t0, box = box and box.id or json.null, op = "create",
     args = { backend = spec.backend, image = spec.image, workdir = spec.workdir, network = spec.network, env = env },
@@ -275,7 +348,8 @@ end
 
 -- sbx.trace.start(path [, opts]) -> true | nil, message
 -- opts: secrets (strings replaced by "[redacted]" wherever they appear),
--- redact (env name patterns), record_stdin; each defaults to policy.trace.
+-- redact (env name patterns), min_value_bytes, url_credentials,
+-- record_stdin; each defaults to policy.trace.
 function M.start(path, opts)
   opts = opts or {}
   if type(path) ~= "string" or path == "" then error("sbx.trace.start expects a file path", 2) end
@@ -285,18 +359,30 @@ function M.start(path, opts)
   local pol = sbx().policy.trace or {}
   local f, err = io.open(path, opts.append and "a" or "w")
   if not f then return nil, err end
-  local secrets = {}
+  local function opt(name)
+    if opts[name] ~= nil then return opts[name] end
+    return pol[name]
+  end
+  local st = {
+    path = path, file = f, t0 = core.now(), seq = 0, secrets = {}, known = {}, redact = {},
+    min_value_bytes = opt("min_value_bytes") or 8,
+    url_credentials = opt("url_credentials") ~= false,
+    record_stdin = opt("record_stdin"),
+  }
+  for _, p in ipairs(opts.redact or pol.redact or {}) do
+    if type(p) ~= "string" or not pcall(string.find, "", p) then
+      f:close()
+      error(string.format("trace: redact pattern %s is not a Lua pattern", tostring(p)), 2)
+    end
+    st.redact[#st.redact + 1] = upper_pattern(p)
+  end
+  -- Listed secrets count whatever their length.
   for _, list in ipairs({ pol.secrets or {}, opts.secrets or {} }) do
     for _, s in ipairs(list) do
-      if type(s) == "string" and s ~= "" then secrets[#secrets + 1] = s end
+      if type(s) == "string" and s ~= "" then learn(st, s) end
     end
   end
-  table.sort(secrets, function(a, b) return #a > #b end)   -- longest first
-  state = {
-    path = path, file = f, t0 = core.now(), seq = 0, secrets = secrets,
-    redact = opts.redact or pol.redact or {},
-    record_stdin = opts.record_stdin == nil and pol.record_stdin or opts.record_stdin,
-  }
+  state = st
   local Box = boxmod.Box
   for _, op in ipairs(OPS) do
     originals[op] = originals[op] or Box[op]
