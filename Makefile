@@ -26,7 +26,8 @@ LDFLAGS   += -fsanitize=address,undefined
 endif
 
 LIB_SRCS  := src/host.c src/http.c src/json.c src/stream.c src/text.c \
-             src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c
+             src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
+             src/demux.c src/hijack.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o
 
