@@ -20,6 +20,12 @@ sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n,
       return;
     }
     if (d->left == 0) {
+      if (d->hdr_len == 0 && (unsigned char)*p > 3) {
+        /* Not a frame header: raw bytes, from this one on. Deciding on the
+        ** first byte keeps a raw answer shorter than a header too. */
+        d->raw = 1;
+        continue;
+      }
       while (n > 0 && d->hdr_len < SBX_DEMUX_HEADER) {
         d->hdr[d->hdr_len++] = (unsigned char)*p++;
         n--;
@@ -27,12 +33,6 @@ sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n,
       if (d->hdr_len < SBX_DEMUX_HEADER)
         return;
       d->hdr_len = 0;
-      if (d->hdr[0] > 3) {
-        /* Not a frame header: keep these bytes as output, and the rest. */
-        d->raw = 1;
-        out(ud, 1, (const char *)d->hdr, SBX_DEMUX_HEADER);
-        continue;
-      }
       d->stream = d->hdr[0];
       d->left = (uint32_t)d->hdr[4] << 24 | (uint32_t)d->hdr[5] << 16 |
                 (uint32_t)d->hdr[6] << 8 | (uint32_t)d->hdr[7];

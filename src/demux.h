@@ -10,9 +10,9 @@
 ** input is cut into chunks never changes the bytes that come out of each
 ** stream, nor their order.
 **
-** A header whose first byte is above 3 is no header: the daemon (or what
-** sits in front of it) sent raw bytes. From there on everything, those 8
-** bytes included, comes out as stream 1, exactly as a tty stream does.
+** Where a header should start, a byte above 3 starts none: the daemon (or
+** what sits in front of it) sent raw bytes. From that byte on everything
+** comes out as stream 1, exactly as a tty stream does.
 */
 #ifndef SBX_DEMUX_H
 #define SBX_DEMUX_H
