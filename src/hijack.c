@@ -116,12 +116,18 @@ head_done(struct sbx_hijack *h)
     h->state = SBX_HIJACK_BODY;
 }
 
-static void
+/* Takes the body bytes of p[0..n), none past Content-Length; returns how
+** many. What follows the body is not the body, however the reads fell. */
+static size_t
 body_add(struct sbx_hijack *h, const char *p, size_t n)
 {
-  size_t take = n;
+  size_t take;
   char *q;
+  if (h->content_length >= 0 &&
+      (uint64_t)h->content_length - h->body_seen < n)
+    n = (size_t)((uint64_t)h->content_length - h->body_seen);
   h->body_seen += n;
+  take = n;
   if (take > SBX_HIJACK_BODY_MAX - h->body_len)
     take = SBX_HIJACK_BODY_MAX - h->body_len;
   if (take && (q = realloc(h->body, h->body_len + take + 1)) != NULL) {
@@ -132,6 +138,7 @@ body_add(struct sbx_hijack *h, const char *p, size_t n)
   }
   if (h->content_length >= 0 && h->body_seen >= (uint64_t)h->content_length)
     h->state = SBX_HIJACK_DONE;
+  return n;
 }
 
 int
@@ -159,8 +166,7 @@ sbx_hijack_feed(struct sbx_hijack *h, const char *p, size_t n, size_t *used)
     *used = n;
     return 0;
   case SBX_HIJACK_BODY:
-    body_add(h, p, n);
-    *used = n;
+    *used = body_add(h, p, n);
     return 0;
   default:
     return 0;

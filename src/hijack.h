@@ -53,7 +53,7 @@ void sbx_hijack_free(struct sbx_hijack *h);
 ** Takes bytes from p[0..n) and stores in *used how many. In HEAD it stops
 ** right after the blank line, so the caller sees the state change (and can
 ** start writing stdin) before it hands the rest over; in BODY it takes all
-** n; in STREAM and DONE none. Returns 0, or SBX_HIJACK_E2BIG when the head
+** n up to the end of the body (Content-Length); in STREAM and DONE none. Returns 0, or SBX_HIJACK_E2BIG when the head
 ** reaches SBX_HIJACK_HEAD_MAX - 1 bytes without its blank line (the state is
 ** then DONE).
 */
