@@ -184,10 +184,28 @@ utf8_seq(const unsigned char *p, size_t n)
 }
 
 size_t
-sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
+sbx_utf8_valid_prefix(const char *src, size_t n)
 {
   const unsigned char *p = (const unsigned char *)src;
-  size_t i = 0, o = 0;
+  size_t i = 0;
+  int k;
+  while (i < n && (k = utf8_seq(p + i, n - i)) > 0)
+    i += (size_t)k;
+  return i;
+}
+
+size_t
+sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
+{
+  return sbx_utf8_repair(src, n, out, final, rest, NULL);
+}
+
+size_t
+sbx_utf8_repair(const char *src, size_t n, char *out, int final, size_t *rest,
+                size_t *replaced)
+{
+  const unsigned char *p = (const unsigned char *)src;
+  size_t i = 0, o = 0, bad = 0;
   if (rest)
     *rest = 0;
   while (i < n) {
@@ -207,8 +225,11 @@ sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
       memcpy(out + o, "\xEF\xBF\xBD", 3);
       o += 3;
       i += k < 0 ? (size_t)(-k) : 1;
+      bad++;
     }
   }
+  if (replaced)
+    *replaced = bad;
   return o;
 }
 
