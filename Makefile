@@ -41,12 +41,21 @@ LDFLAGS   += -fsanitize=address,undefined
 endif
 
 LIB_SRCS  := src/host.c src/http.c src/json.c src/stream.c src/text.c \
-             src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c src/proc.c
+             src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
+             src/demux.c src/hijack.c src/proc.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
+# Fuzz targets: fuzz/fuzz_<name>.c, and the codecs (src/<dep>.c) each links.
+FUZZ_NAMES          := demux http_head utf8 ssm sigv4
+FUZZ_DEPS_demux     := demux
+FUZZ_DEPS_http_head := hijack demux
+FUZZ_DEPS_utf8      := capture
+FUZZ_DEPS_ssm       := ssm
+FUZZ_DEPS_sigv4     := sigv4
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o
 
 all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
-     $(BUILD)/unit_capture $(BUILD)/unit_sigv4 $(BUILD)/unit_ssm $(BUILD)/embed_test
+     $(BUILD)/unit_capture $(BUILD)/unit_sigv4 $(BUILD)/unit_ssm $(BUILD)/embed_test \
+     $(FUZZ_NAMES:%=$(BUILD)/replay_%)
 
 $(BUILD)/%.o: src/%.c | $(BUILD)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -91,6 +100,46 @@ $(BUILD)/embed_test: tests/embed_test.c $(BUILD)/libsbx.a
 
 $(BUILD):
 	mkdir -p $@
+
+# Fuzzing. replay_<name> (built by all) runs a target over its checked-in
+# corpus with the normal compiler; make test runs it. make fuzz builds each
+# target with clang's libFuzzer, ASan and UBSan in $(FUZZ_BUILD) and runs it
+# FUZZ_SECONDS against fuzz/corpus/<name>, failing on any finding; new
+# inputs land in $(FUZZ_BUILD)/new/<name>, and make fuzz-merge minimises them
+# into the corpus.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS  := -O1 -g -std=gnu11 $(WARN) $(shell pkg-config --cflags $(PKGS)) \
+                -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+                -fsanitize=fuzzer-no-link,address,undefined
+
+define FUZZ_RULES
+$(BUILD)/replay_$(1): fuzz/replay.c fuzz/fuzz_$(1).c fuzz/fuzz.h $(FUZZ_DEPS_$(1):%=$(BUILD)/%.o)
+	$$(CC) $$(CFLAGS) -Isrc -Ifuzz $$(LDFLAGS) -o $$@ $$(filter %.c %.o,$$^) $$(LIBS) $$(LUALIB)
+$(FUZZ_BUILD)/fuzz_$(1): fuzz/fuzz_$(1).c fuzz/fuzz.h $(FUZZ_DEPS_$(1):%=$(FUZZ_BUILD)/%.o)
+	$$(FUZZ_CC) $$(FUZZ_CFLAGS) -fsanitize=fuzzer -Isrc -Ifuzz -o $$@ $$(filter %.c %.o,$$^) $$(LIBS) $$(LUALIB)
+endef
+$(foreach t,$(FUZZ_NAMES),$(eval $(call FUZZ_RULES,$(t))))
+
+$(FUZZ_BUILD)/%.o: src/%.c | $(FUZZ_BUILD)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+
+$(FUZZ_BUILD):
+	mkdir -p $@
+
+fuzz: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
+	fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_NAMES)
+
+fuzz-merge: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
+	fuzz/run.sh --merge $(FUZZ_BUILD) 0 $(FUZZ_NAMES)
+
+clean: clean-fuzz
+clean-fuzz:
+	rm -rf $(FUZZ_BUILD)
+
+.PHONY: fuzz fuzz-merge clean-fuzz
+-include $(wildcard $(FUZZ_BUILD)/*.d)
 
 test: all
 	tests/run.sh $(BUILD)

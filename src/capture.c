@@ -147,13 +147,16 @@ sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out,
 }
 
 /* Length of the UTF-8 sequence at p (1..4) if it is valid and complete,
-** 0 if it is invalid, -k if it is a valid but incomplete prefix of k bytes. */
+** -k if it is a valid but incomplete prefix of k bytes (p ends there), or 0
+** if it is invalid: then *bad gets the length of its longest valid prefix
+** (1..3), the maximal subpart that one U+FFFD stands for. */
 static int
-utf8_seq(const unsigned char *p, size_t n)
+utf8_seq(const unsigned char *p, size_t n, size_t *bad)
 {
   unsigned char b = p[0];
   int len, i;
   unsigned lo = 0x80, hi = 0xBF;
+  *bad = 1;
   if (b < 0x80)
     return 1;
   if (b >= 0xC2 && b <= 0xDF)
@@ -177,21 +180,42 @@ utf8_seq(const unsigned char *p, size_t n)
   for (i = 1; i < len; i++) {
     if ((size_t)i >= n)
       return -i;
-    if (p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xBF))
+    if (p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xBF)) {
+      *bad = (size_t)i;
       return 0;
+    }
   }
   return len;
 }
 
 size_t
-sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
+sbx_utf8_valid_prefix(const char *src, size_t n)
 {
   const unsigned char *p = (const unsigned char *)src;
-  size_t i = 0, o = 0;
+  size_t i = 0, bad;
+  int k;
+  while (i < n && (k = utf8_seq(p + i, n - i, &bad)) > 0)
+    i += (size_t)k;
+  return i;
+}
+
+size_t
+sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
+{
+  return sbx_utf8_repair(src, n, out, final, rest, NULL);
+}
+
+size_t
+sbx_utf8_repair(const char *src, size_t n, char *out, int final, size_t *rest,
+                size_t *replaced)
+{
+  const unsigned char *p = (const unsigned char *)src;
+  size_t i = 0, o = 0, bad = 0;
   if (rest)
     *rest = 0;
   while (i < n) {
-    int k = utf8_seq(p + i, n - i);
+    size_t sub;
+    int k = utf8_seq(p + i, n - i, &sub);
     if (k > 0) {
       memcpy(out + o, p + i, (size_t)k);
       o += (size_t)k;
@@ -203,12 +227,16 @@ sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
       break;
     }
     else {
-      /* One replacement per maximal invalid prefix, as Python's decoder. */
+      /* One replacement per maximal invalid prefix, as Python's decoder:
+      ** a truncated sequence ("\xE2\x82" then "b") is one. */
       memcpy(out + o, "\xEF\xBF\xBD", 3);
       o += 3;
-      i += k < 0 ? (size_t)(-k) : 1;
+      i += k < 0 ? (size_t)(-k) : sub;
+      bad++;
     }
   }
+  if (replaced)
+    *replaced = bad;
   return o;
 }
 
@@ -230,7 +258,8 @@ sbx_utf8_incomplete_suffix(const char *src, size_t n)
   for (back = 1; back <= 3 && back <= n; back++) {
     unsigned char b = p[n - back];
     if ((b & 0xC0) != 0x80) {
-      int k = utf8_seq(p + n - back, back);
+      size_t sub;
+      int k = utf8_seq(p + n - back, back, &sub);
       return k < 0 ? back : 0;
     }
   }

@@ -39,13 +39,19 @@ size_t sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out,
 
 /*
 ** UTF-8 hygiene. sbx_utf8_valid_prefix returns how many leading bytes of p
-** form complete sequences (it stops before an incomplete one at the end).
+** form complete valid sequences (it stops before the first invalid or
+** incomplete one; p is valid UTF-8 when that is n).
 ** sbx_utf8_sanitize writes p with every invalid byte replaced by U+FFFD into
 ** out (room for 3*n bytes) and returns the length written; when final is 0 an
 ** incomplete sequence at the end is left out and its length stored in *rest.
+** sbx_utf8_repair does the same and stores in *replaced how many U+FFFD it
+** wrote: one per maximal invalid subsequence, as Python's decoder.
 */
+size_t sbx_utf8_valid_prefix(const char *p, size_t n);
 size_t sbx_utf8_sanitize(const char *p, size_t n, char *out, int final,
                          size_t *rest);
+size_t sbx_utf8_repair(const char *p, size_t n, char *out, int final,
+                       size_t *rest, size_t *replaced);
 /* Length of the shortest prefix of p that is only continuation bytes (<= 3). */
 size_t sbx_utf8_lead_continuations(const char *p, size_t n);
 /* Length of an incomplete sequence at the end of p, 0 when it ends cleanly. */

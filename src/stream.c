@@ -1,8 +1,10 @@
 /*
 ** A hijacked HTTP exchange on a raw socket, as Docker's attached exec uses:
 ** send a request (and optional stdin bytes followed by a write half-close),
-** read the response head, then demultiplex the 8-byte-header frame stream
-** into bounded captures of stdout, stderr and both interleaved.
+** read the response head (hijack.c), then demultiplex the 8-byte-header
+** frame stream (demux.c) into bounded captures of stdout, stderr and both
+** interleaved. This file owns the socket and the Lua side; the byte formats
+** live in those two codecs.
 **
 ** libcurl cannot half-close a connection to signal stdin EOF, which is why
 ** this transport owns its socket (unix or TCP) on the loop.
@@ -11,18 +13,16 @@
 ** Lua on_output callback are capped, and past the cap reading stops (the
 ** daemon then blocks the writer: back-pressure, not loss).
 */
-#define _GNU_SOURCE
 #include "host.h"
 #include "capture.h"
+#include "demux.h"
+#include "hijack.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define STREAM_MT "sbx.stream"
-#define HEAD_MAX 16384
-#define ERRBODY_MAX 65536
 
-enum { PH_CONNECT, PH_HEAD, PH_FRAMES, PH_RAW, PH_ERRBODY, PH_DONE };
 enum { CAP_STDOUT, CAP_STDERR, CAP_OUTPUT, CAP_N };
 
 struct pendbuf {
@@ -51,18 +51,8 @@ struct stream {
   char *stdin_buf;
   size_t stdin_len;
   int has_stdin;
-  int phase;
-  char head[HEAD_MAX];
-  size_t head_len;
-  int status;
-  long content_length;
-  char *errbody;
-  size_t errbody_len;
-  unsigned char fh[8];
-  size_t fh_len;
-  size_t frame_left;
-  int frame_fd;
-  int tty;
+  struct sbx_hijack reply;     /* head, then error body (socket streams) */
+  struct sbx_demux demux;      /* the hijacked stream after a 200 or 101 */
   struct sbx_capture cap[CAP_N];
   int chunks;
   size_t chunk_limit;
@@ -94,7 +84,7 @@ stream_free(struct stream *s)
   free(s->pend[1].p);
   free(s->request);
   free(s->stdin_buf);
-  free(s->errbody);
+  sbx_hijack_free(&s->reply);
   free(s);
 }
 
@@ -137,7 +127,6 @@ finish(struct stream *s, const char *code, const char *msg)
     snprintf(s->error, sizeof s->error, "%s", msg);
   }
   s->eof = 1;
-  s->phase = PH_DONE;
   s->ended = sbx_now();
   close_handle(s);
   wake_reader(s);
@@ -199,103 +188,31 @@ send_stdin(struct stream *s)
 }
 
 static void
-parse_head(struct stream *s)
+deliver_demuxed(void *ud, int fd, const char *p, size_t n)
 {
-  const char *p = s->head, *cl;
-  int major, minor;
-  s->head[s->head_len] = '\0';
-  if (sscanf(p, "HTTP/%d.%d %d", &major, &minor, &s->status) != 3)
-    s->status = 0;
-  s->content_length = -1;
-  cl = strcasestr(p, "\r\ncontent-length:");
-  if (cl)
-    s->content_length = strtol(cl + 17, NULL, 10);
+  deliver(ud, fd, p, n);
 }
 
+/* Bytes from the socket: the head, then the hijacked stream or an error body. */
 static void
 feed(struct stream *s, const char *p, size_t n)
 {
   while (n > 0 && !s->eof) {
-    switch (s->phase) {
-    case PH_HEAD: {
-      size_t i;
-      /* Byte by byte until the blank line: heads are small. */
-      for (i = 0; i < n; i++) {
-        if (s->head_len >= HEAD_MAX - 1) {
-          finish(s, "protocol", "response head too large");
-          return;
-        }
-        s->head[s->head_len++] = p[i];
-        if (s->head_len >= 4 && memcmp(s->head + s->head_len - 4, "\r\n\r\n", 4) == 0) {
-          parse_head(s);
-          if (s->status == 200 || s->status == 101) {
-            s->phase = s->tty ? PH_RAW : PH_FRAMES;
-            send_stdin(s);
-          }
-          else
-            s->phase = PH_ERRBODY;
-          i++;
-          break;
-        }
-      }
-      p += i;
-      n -= i;
-      if (s->phase == PH_ERRBODY && s->content_length == 0)
-        finish(s, NULL, NULL);
-      break;
-    }
-    case PH_RAW:
-      deliver(s, 1, p, n);
-      n = 0;
-      break;
-    case PH_FRAMES:
-      if (s->frame_left == 0) {
-        while (n > 0 && s->fh_len < 8) {
-          s->fh[s->fh_len++] = (unsigned char)*p++;
-          n--;
-        }
-        if (s->fh_len < 8)
-          return;
-        s->fh_len = 0;
-        s->frame_fd = s->fh[0];
-        s->frame_left = ((size_t)s->fh[4] << 24) | ((size_t)s->fh[5] << 16) |
-                        ((size_t)s->fh[6] << 8) | (size_t)s->fh[7];
-        if (s->fh[0] > 3) {
-          /* Not a frame header: the daemon sent raw bytes. Keep them. */
-          s->phase = PH_RAW;
-          deliver(s, 1, (const char *)s->fh, 8);
-          s->frame_left = 0;
-        }
-      }
-      else {
-        size_t take = n < s->frame_left ? n : s->frame_left;
-        deliver(s, s->frame_fd, p, take);
-        s->frame_left -= take;
-        p += take;
-        n -= take;
-      }
-      break;
-    case PH_ERRBODY: {
-      size_t take = n;
-      if (s->errbody_len + take > ERRBODY_MAX)
-        take = ERRBODY_MAX - s->errbody_len;
-      if (take) {
-        char *q = realloc(s->errbody, s->errbody_len + take + 1);
-        if (q) {
-          s->errbody = q;
-          memcpy(q + s->errbody_len, p, take);
-          s->errbody_len += take;
-          q[s->errbody_len] = '\0';
-        }
-      }
-      n = 0;
-      if (s->content_length >= 0 && (long)s->errbody_len >= s->content_length)
-        finish(s, NULL, NULL);
-      break;
-    }
-    default:
+    size_t used;
+    if (s->reply.state == SBX_HIJACK_STREAM) {
+      sbx_demux_feed(&s->demux, p, n, deliver_demuxed, s);
       return;
     }
+    if (sbx_hijack_feed(&s->reply, p, n, &used) < 0) {
+      finish(s, "protocol", "response head too large");
+      return;
+    }
+    p += used;
+    n -= used;
+    if (s->reply.state == SBX_HIJACK_STREAM)
+      send_stdin(s);
+    else if (s->reply.state == SBX_HIJACK_DONE)
+      finish(s, NULL, NULL);
   }
 }
 
@@ -315,7 +232,7 @@ read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
   if (nread > 0)
     feed(s, buf->base, (size_t)nread);
   else if (nread == UV_EOF) {
-    if (s->phase == PH_HEAD)
+    if (s->reply.state == SBX_HIJACK_HEAD)
       finish(s, "closed", "the daemon closed the connection before answering");
     else
       finish(s, NULL, NULL);
@@ -352,7 +269,6 @@ connect_cb(uv_connect_t *req, int status)
   }
   if (s->eof)
     return;
-  s->phase = PH_HEAD;
   b = uv_buf_init(s->request, (unsigned)s->request_len);
   s->write_req.data = s;
   uv_write(&s->write_req, &s->u.stream, &b, 1, write_cb);
@@ -397,6 +313,7 @@ stream_new(lua_State *L, struct stream_ud *ud, struct sbx_host *h)
   s->host = h;
   s->refs = 1;
   s->started = sbx_now();
+  sbx_hijack_init(&s->reply);
   return s;
 }
 
@@ -442,7 +359,6 @@ stream_sink(lua_State *L)
   ud->s = NULL;
   luaL_setmetatable(L, STREAM_MT);
   s = stream_new(L, ud, sbx_host_get(L));
-  s->phase = PH_RAW;
   stream_options(L, s);
   return 1;
 }
@@ -523,7 +439,7 @@ stream_open(lua_State *L)
     s->stdin_len = in_len;
   }
   lua_getfield(L, 1, "tty");
-  s->tty = lua_toboolean(L, -1);
+  sbx_demux_init(&s->demux, lua_toboolean(L, -1));
   stream_options(L, s);
 
   s->connect_req.data = s;
@@ -732,7 +648,7 @@ stream_info(lua_State *L)
 {
   struct stream *s = check_stream(L);
   lua_createtable(L, 0, 8);
-  lua_pushinteger(L, s->status);
+  lua_pushinteger(L, s->reply.status);
   lua_setfield(L, -2, "status");
   lua_pushboolean(L, s->eof);
   lua_setfield(L, -2, "eof");
@@ -742,8 +658,8 @@ stream_info(lua_State *L)
     lua_pushstring(L, s->error_code);
     lua_setfield(L, -2, "error_code");
   }
-  if (s->errbody) {
-    lua_pushlstring(L, s->errbody, s->errbody_len);
+  if (s->reply.body) {
+    lua_pushlstring(L, s->reply.body, s->reply.body_len);
     lua_setfield(L, -2, "body");
   }
   lua_pushinteger(L, (lua_Integer)s->cap[CAP_STDOUT].total);

@@ -5,27 +5,21 @@
 #include "host.h"
 #include "capture.h"
 
-#include <stdlib.h>
-#include <string.h>
 
-/* text.sanitize(s) -> s as valid UTF-8, and the number of bytes replaced */
+/*
+** text.sanitize(s) -> s as valid UTF-8, and the number of U+FFFD written
+** for invalid bytes (one per maximal invalid subsequence; a U+FFFD that s
+** already had is not counted)
+*/
 static int
 text_sanitize(lua_State *L)
 {
-  size_t n, o, i, bad = 0;
+  size_t n, o, bad;
   const char *s = luaL_checklstring(L, 1, &n);
   luaL_Buffer b;
   char *out = luaL_buffinitsize(L, &b, 3 * n + 1);
-  o = sbx_utf8_sanitize(s, n, out, 1, NULL);
+  o = sbx_utf8_repair(s, n, out, 1, NULL, &bad);
   luaL_pushresultsize(&b, o);
-  if (o != n) {
-    /* Count replacements: each U+FFFD written where the input had none. */
-    const char *r = lua_tostring(L, -1);
-    for (i = 0; i + 2 < o; i++)
-      if ((unsigned char)r[i] == 0xEF && (unsigned char)r[i + 1] == 0xBF &&
-          (unsigned char)r[i + 2] == 0xBD)
-        bad++;
-  }
   lua_pushinteger(L, (lua_Integer)bad);
   return 2;
 }
@@ -34,14 +28,9 @@ text_sanitize(lua_State *L)
 static int
 text_valid(lua_State *L)
 {
-  size_t n, o;
+  size_t n;
   const char *s = luaL_checklstring(L, 1, &n);
-  char *out = malloc(3 * n + 1);
-  if (!out)
-    return luaL_error(L, "out of memory");
-  o = sbx_utf8_sanitize(s, n, out, 1, NULL);
-  lua_pushboolean(L, o == n && memcmp(out, s, n) == 0);
-  free(out);
+  lua_pushboolean(L, sbx_utf8_valid_prefix(s, n) == n);
   return 1;
 }
 
