@@ -51,6 +51,9 @@ struct stream {
   char *stdin_buf;
   size_t stdin_len;
   int has_stdin;
+  int keep_open;               /* a channel: stdin stays open for :write */
+  int stdin_closed;
+  struct pendbuf early;        /* :write bytes before the daemon answered */
   struct sbx_hijack reply;     /* head, then error body (socket streams) */
   struct sbx_demux demux;      /* the hijacked stream after a 200 or 101 */
   struct sbx_capture cap[CAP_N];
@@ -82,6 +85,7 @@ stream_free(struct stream *s)
     sbx_capture_free(&s->cap[i]);
   free(s->pend[0].p);
   free(s->pend[1].p);
+  free(s->early.p);
   free(s->request);
   free(s->stdin_buf);
   sbx_hijack_free(&s->reply);
@@ -172,6 +176,40 @@ deliver(struct stream *s, int fd, const char *p, size_t n)
 ** Stdin goes out only once the daemon has answered: bytes that arrive with
 ** the request are read ahead by its HTTP server and lost at the hijack.
 */
+/* One :write of a channel in flight: the bytes live with the request. */
+struct chan_write {
+  uv_write_t req;
+  struct stream *s;
+  char data[];
+};
+
+static void
+chan_write_cb(uv_write_t *req, int status)
+{
+  struct chan_write *w = (struct chan_write *)req;
+  struct stream *s = w->s;
+  free(w);
+  if (status < 0 && status != UV_ECANCELED && !s->eof)
+    finish(s, "closed", uv_strerror(status));
+}
+
+static int
+chan_write(struct stream *s, const char *p, size_t n)
+{
+  struct chan_write *w = malloc(sizeof *w + n);
+  uv_buf_t b;
+  if (!w)
+    return -1;
+  w->s = s;
+  memcpy(w->data, p, n);
+  b = uv_buf_init(w->data, (unsigned)n);
+  if (uv_write(&w->req, &s->u.stream, &b, 1, chan_write_cb) != 0) {
+    free(w);
+    return -1;
+  }
+  return 0;
+}
+
 static void
 send_stdin(struct stream *s)
 {
@@ -183,6 +221,12 @@ send_stdin(struct stream *s)
     s->stdin_req.data = s;
     uv_write(&s->stdin_req, &s->u.stream, &b, 1, write_cb);
   }
+  if (s->early.len) {
+    chan_write(s, s->early.p, s->early.len);
+    s->early.len = 0;
+  }
+  if (s->keep_open && !s->stdin_closed)
+    return;
   s->shutdown_req.data = s;
   uv_shutdown(&s->shutdown_req, &s->u.stream, shutdown_cb);
 }
@@ -397,8 +441,10 @@ stream_finish(lua_State *L)
 
 /*
 ** core.stream.open{ unix_socket= | host=, port=, request=, stdin=, tty=,
-**   capture = { stdout={head=,tail=}, stderr=..., output=... },
-**   chunks=bool, chunk_limit=bytes } -> stream. Never blocks.
+**   keep_open=bool, capture = { stdout={head=,tail=}, stderr=..., output=... },
+**   chunks=bool, chunk_limit=bytes } -> stream. Never blocks. keep_open
+**   makes a channel: stdin stays open after the request (and stdin=) for
+**   stream:write, until stream:close_stdin.
 */
 static int
 stream_open(lua_State *L)
@@ -440,6 +486,12 @@ stream_open(lua_State *L)
   }
   lua_getfield(L, 1, "tty");
   sbx_demux_init(&s->demux, lua_toboolean(L, -1));
+  lua_getfield(L, 1, "keep_open");
+  if (lua_toboolean(L, -1)) {
+    s->keep_open = 1;
+    s->has_stdin = 1;
+  }
+  lua_pop(L, 2);
   stream_options(L, s);
 
   s->connect_req.data = s;
@@ -672,6 +724,51 @@ stream_info(lua_State *L)
   return 1;
 }
 
+/*
+** stream:write(bytes) -> bytes queued for the socket | nil, message, code.
+** Only on a keep_open stream. Bytes written before the daemon answered are
+** held until it did (its HTTP server would read them ahead and lose them).
+*/
+static int
+stream_write(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  size_t n;
+  const char *p = luaL_checklstring(L, 2, &n);
+  luaL_argcheck(L, s->keep_open, 1, "write on a stream opened without keep_open");
+  if (s->eof || s->stdin_closed)
+    return sbx_pushfail(L, "closed", "the stream is closed");
+  if (n) {
+    if (s->reply.state != SBX_HIJACK_STREAM || !s->handle_open) {
+      if (pend_add(&s->early, p, n) != 0)
+        return luaL_error(L, "out of memory");
+    }
+    else if (chan_write(s, p, n) != 0) {
+      finish(s, "closed", "cannot write to the stream");
+      return sbx_pushfail(L, "closed", "cannot write to the stream");
+    }
+  }
+  lua_pushinteger(L, (lua_Integer)(s->early.len +
+                                   (s->handle_open ? uv_stream_get_write_queue_size(&s->u.stream) : 0)));
+  return 1;
+}
+
+/* stream:close_stdin(): the end of a channel's input (a write half-close). */
+static int
+stream_close_stdin(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  luaL_argcheck(L, s->keep_open, 1, "close_stdin on a stream opened without keep_open");
+  if (s->stdin_closed || s->eof)
+    return 0;
+  s->stdin_closed = 1;
+  if (s->reply.state == SBX_HIJACK_STREAM && s->handle_open) {
+    s->shutdown_req.data = s;
+    uv_shutdown(&s->shutdown_req, &s->u.stream, shutdown_cb);
+  }
+  return 0;
+}
+
 /* stream:close(): drops the connection; captured bytes stay readable. */
 static int
 stream_close(lua_State *L)
@@ -718,6 +815,8 @@ static const luaL_Reg stream_methods[] = {
   { "close", stream_close },
   { "push", stream_push },
   { "finish", stream_finish },
+  { "write", stream_write },
+  { "close_stdin", stream_close_stdin },
   { NULL, NULL }
 };
 

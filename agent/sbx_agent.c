@@ -1,0 +1,1235 @@
+/*
+** sbx-agent: the program sbx places into a box and starts once, so that
+** every command after the first costs a fork instead of a daemon round trip.
+** It speaks the protocol of src/agent_proto.h over its stdin/stdout (the
+** channel), and treats the host as its only master: nothing it runs sees
+** the channel.
+**
+** Processes:
+**   agent       one event loop (poll) over the channel, every job's pipes
+**               and a SIGCHLD self-pipe. Undumpable, so no other process of
+**               its user can read its memory or open its fds.
+**   supervisor  one per job, a child of the agent and a child subreaper
+**               (PR_SET_CHILD_SUBREAPER): every process of the job, however
+**               it daemonizes (setsid, double fork, env -i), stays its
+**               descendant, so a tree kill reaches them all. It reports the
+**               command's pid and exit status on a status pipe and exits
+**               once the job's last process is gone. If the agent dies, it
+**               kills its tree (PR_SET_PDEATHSIG) instead of leaving orphans.
+**   command     a new session (setsid), stdin/stdout/stderr only, then exec.
+**
+** Bounded memory: per stream at most `window` bytes are sent and not yet
+** credited by the host; past it the agent stops reading that pipe and the
+** command blocks on write. stdin is acknowledged with CREDIT the same way.
+**
+** Built static (musl on x86_64, the cross compiler for aarch64), so any
+** image can run it; it needs nothing from the image.
+*/
+#define _GNU_SOURCE
+#include "agent_proto.h"
+#include "sha256.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#ifndef PR_SET_CHILD_SUBREAPER
+#define PR_SET_CHILD_SUBREAPER 36
+#endif
+
+#define CHUNK 65536
+#define OUT_HIGH (1u << 20)      /* channel bytes queued before pipes pause */
+#define MAX_JOBS 4096
+
+/* A byte buffer that grows. */
+struct buf {
+  uint8_t *p;
+  size_t len, cap, off;
+};
+
+static int
+buf_reserve(struct buf *b, size_t more)
+{
+  if (b->off > 0 && b->off == b->len) {
+    b->off = b->len = 0;
+  }
+  if (b->len + more <= b->cap)
+    return 0;
+  if (b->off > 0) {
+    memmove(b->p, b->p + b->off, b->len - b->off);
+    b->len -= b->off;
+    b->off = 0;
+    if (b->len + more <= b->cap)
+      return 0;
+  }
+  size_t cap = b->cap ? b->cap : 65536;
+  while (cap < b->len + more)
+    cap *= 2;
+  uint8_t *p = realloc(b->p, cap);
+  if (!p)
+    return -1;
+  b->p = p;
+  b->cap = cap;
+  return 0;
+}
+
+static size_t
+buf_size(const struct buf *b)
+{
+  return b->len - b->off;
+}
+
+enum { ST_OUT = 1, ST_ERR = 2 };
+enum { KIND_CMD, KIND_READ, KIND_WRITE };
+
+struct job {
+  uint32_t id;
+  int kind;
+  pid_t sup, pid;
+  int in_fd;                  /* command stdin (write end), -1 when closed */
+  int out_fd[3];              /* [1] stdout, [2] stderr read ends */
+  int status_fd;              /* supervisor's reports */
+  uint32_t unread[3];         /* sent, not yet credited */
+  struct buf in;              /* stdin not yet written */
+  int in_eof;                 /* STDIN_EOF arrived: close once in is empty */
+  uint64_t in_done;           /* stdin bytes written (for CREDIT) */
+  uint64_t in_acked;
+  int exited, done;
+  struct job *next;
+};
+
+static struct {
+  int in, out;                /* the channel */
+  int mac;
+  uint8_t key[SBX_AP_KEY];
+  uint64_t seq_in, seq_out;
+  uint32_t window;
+  struct buf rx, tx;
+  struct job *jobs;
+  int njobs;
+  int sig_pipe[2];
+  int closing;                /* the channel ended */
+} A;
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+static void
+die(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  _exit(2);
+}
+
+static void
+set_nonblock(int fd)
+{
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0)
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static void
+set_cloexec(int fd)
+{
+  int fl = fcntl(fd, F_GETFD);
+  if (fl >= 0)
+    fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+}
+
+/* Frames out --------------------------------------------------------------------- */
+
+/* Queues a frame with payload parts a and b (either may be NULL). */
+static void
+send_frame(uint8_t type, uint32_t id, const void *a, size_t an, const void *b, size_t bn)
+{
+  uint32_t len = (uint32_t)(an + bn);
+  if (buf_reserve(&A.tx, SBX_AP_HEADER + len + SBX_AP_TAG) != 0)
+    die("sbx-agent: out of memory");
+  uint8_t *h = A.tx.p + A.tx.len;
+  sbx_ap_header(h, type, id, len);
+  if (an)
+    memcpy(h + SBX_AP_HEADER, a, an);
+  if (bn)
+    memcpy(h + SBX_AP_HEADER + an, b, bn);
+  A.tx.len += SBX_AP_HEADER + len;
+  if (A.mac) {
+    sbx_ap_tag(A.key, A.seq_out, h, h + SBX_AP_HEADER, len, A.tx.p + A.tx.len);
+    A.tx.len += SBX_AP_TAG;
+  }
+  A.seq_out++;
+}
+
+static void
+send_u32(uint8_t type, uint32_t id, uint32_t v)
+{
+  uint8_t b[4];
+  sbx_ap_put_be32(b, v);
+  send_frame(type, id, b, 4, NULL, 0);
+}
+
+static void
+send_error(uint32_t id, const char *code, const char *fmt, ...)
+{
+  char msg[512];
+  uint8_t p[600];
+  size_t n = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_CODE, code, (uint32_t)strlen(code));
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_MESSAGE, msg, (uint32_t)strlen(msg));
+  send_frame(SBX_AP_ERROR, id, p, n, NULL, 0);
+}
+
+static void
+flush_tx(void)
+{
+  while (buf_size(&A.tx) > 0) {
+    ssize_t w = write(A.out, A.tx.p + A.tx.off, buf_size(&A.tx));
+    if (w > 0) {
+      A.tx.off += (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return;
+    A.closing = 1;   /* the host is gone */
+    A.tx.off = A.tx.len = 0;
+    return;
+  }
+}
+
+/* Jobs ------------------------------------------------------------------------------ */
+
+static struct job *
+find_job(uint32_t id)
+{
+  struct job *j;
+  for (j = A.jobs; j; j = j->next)
+    if (j->id == id)
+      return j;
+  return NULL;
+}
+
+static void
+close_fd(int *fd)
+{
+  if (*fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+}
+
+static void
+free_job(struct job *j)
+{
+  struct job **pp;
+  for (pp = &A.jobs; *pp; pp = &(*pp)->next) {
+    if (*pp == j) {
+      *pp = j->next;
+      break;
+    }
+  }
+  close_fd(&j->in_fd);
+  close_fd(&j->out_fd[1]);
+  close_fd(&j->out_fd[2]);
+  close_fd(&j->status_fd);
+  free(j->in.p);
+  free(j);
+  A.njobs--;
+}
+
+/* Every fd but keep[0..n) closed, in a child that will not exec (the
+** supervisor) or before exec (belt and braces besides O_CLOEXEC). */
+static void
+close_others(const int *keep, int n)
+{
+  DIR *d = opendir("/proc/self/fd");
+  int fds[1024], nfds = 0, i, k;
+  struct dirent *e;
+  if (!d) {
+    for (i = 3; i < 1024; i++) {
+      for (k = 0; k < n && keep[k] != i; k++)
+        ;
+      if (k == n)
+        close(i);
+    }
+    return;
+  }
+  while ((e = readdir(d)) && nfds < 1024) {
+    int fd = atoi(e->d_name);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d))
+      continue;
+    fds[nfds++] = fd;
+  }
+  closedir(d);
+  for (i = 0; i < nfds; i++) {
+    for (k = 0; k < n && keep[k] != fds[i]; k++)
+      ;
+    if (k == n && fds[i] > 2)
+      close(fds[i]);
+  }
+}
+
+/* The user to run as: "name", "uid", "uid:gid" or "name:group". From the
+** image's /etc/passwd and /etc/group: the agent links no NSS. */
+static int
+lookup_user(const char *spec, uid_t *uid, gid_t *gid, gid_t *groups, int *ngroups, char *name,
+            size_t namelen)
+{
+  char user[256], group[256] = "", line[1024];
+  const char *colon = strchr(spec, ':');
+  FILE *f;
+  int found = 0, max = *ngroups;
+  *ngroups = 0;
+  snprintf(user, sizeof user, "%.*s", colon ? (int)(colon - spec) : (int)strlen(spec), spec);
+  if (colon)
+    snprintf(group, sizeof group, "%s", colon + 1);
+  name[0] = 0;
+  char *end;
+  long n = strtol(user, &end, 10);
+  if (*user && !*end) {
+    *uid = (uid_t)n;
+    *gid = (gid_t)n;
+    found = 1;
+  }
+  if ((f = fopen("/etc/passwd", "re"))) {
+    while (fgets(line, sizeof line, f)) {
+      char *fields[7], *s = line;
+      int i;
+      for (i = 0; i < 7; i++) {
+        fields[i] = strsep(&s, ":");
+        if (!fields[i])
+          break;
+      }
+      if (i < 7)
+        continue;
+      if ((found && (uid_t)atol(fields[2]) == *uid) || (!found && strcmp(fields[0], user) == 0)) {
+        *uid = (uid_t)atol(fields[2]);
+        *gid = (gid_t)atol(fields[3]);
+        snprintf(name, namelen, "%s", fields[0]);
+        found = 1;
+        break;
+      }
+    }
+    fclose(f);
+  }
+  if (!found)
+    return -1;
+  if (*group) {
+    n = strtol(group, &end, 10);
+    if (!*end) {
+      *gid = (gid_t)n;
+    } else if ((f = fopen("/etc/group", "re"))) {
+      int ok = 0;
+      while (fgets(line, sizeof line, f)) {
+        char *s = line, *gname = strsep(&s, ":");
+        strsep(&s, ":");
+        char *g = strsep(&s, ":");
+        if (gname && g && strcmp(gname, group) == 0) {
+          *gid = (gid_t)atol(g);
+          ok = 1;
+          break;
+        }
+      }
+      fclose(f);
+      if (!ok)
+        return -1;
+    } else {
+      return -1;
+    }
+  }
+  groups[(*ngroups)++] = *gid;
+  if (name[0] && (f = fopen("/etc/group", "re"))) {
+    while (fgets(line, sizeof line, f) && *ngroups < max) {
+      char *s = line, *gname = strsep(&s, ":");
+      strsep(&s, ":");
+      char *g = strsep(&s, ":");
+      char *members = strsep(&s, "\n");
+      char *m;
+      (void)gname;
+      if (!g || !members)
+        continue;
+      while ((m = strsep(&members, ","))) {
+        if (strcmp(m, name) == 0 && (gid_t)atol(g) != *gid)
+          groups[(*ngroups)++] = (gid_t)atol(g);
+      }
+    }
+    fclose(f);
+  }
+  return 0;
+}
+
+/* execvpe with the command's own PATH (or the usual default). */
+static void
+exec_path(char **argv, char **envp)
+{
+  const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  char full[PATH_MAX];
+  int i, eacces = 0;
+  for (i = 0; envp[i]; i++)
+    if (strncmp(envp[i], "PATH=", 5) == 0)
+      path = envp[i] + 5;
+  if (strchr(argv[0], '/')) {
+    execve(argv[0], argv, envp);
+    return;
+  }
+  while (*path) {
+    const char *c = strchr(path, ':');
+    size_t n = c ? (size_t)(c - path) : strlen(path);
+    if (snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? path : ".", argv[0]) < (int)sizeof full) {
+      execve(full, argv, envp);
+      if (errno == EACCES)
+        eacces = 1;
+    }
+    path += n + (c ? 1 : 0);
+    if (!c)
+      break;
+  }
+  errno = eacces ? EACCES : ENOENT;
+}
+
+/* What the supervisor tells the agent: a kind and a value. */
+struct report {
+  char kind;                /* 'P' pid, 'X' exit status, 'E' errno before exec */
+  int32_t value;
+};
+
+static volatile sig_atomic_t agent_gone;
+static pid_t agent_pid;
+
+static void
+on_parent_death(int sig)
+{
+  (void)sig;
+  agent_gone = 1;
+}
+
+/* Kills every descendant of root (not root): stop them all, look again
+** until no new one appears, then signal them and let them go on. Returns
+** how many were signalled. */
+static int
+kill_tree(pid_t root, int sig)
+{
+  pid_t members[8192];
+  int n = 0, round, added, i, count = 0;
+  members[n++] = root;
+  for (round = 0; round < 16; round++) {
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    if (!d)
+      break;
+    added = 0;
+    /* Passes until no new child of a member turns up in this listing. */
+    for (;;) {
+      int grew = 0;
+      rewinddir(d);
+      while ((e = readdir(d))) {
+        char path[64], line[512];
+        pid_t pid = (pid_t)atoi(e->d_name);
+        int fd, k;
+        ssize_t r;
+        if (pid <= 1)
+          continue;
+        for (k = 0; k < n && members[k] != pid; k++)
+          ;
+        if (k < n)
+          continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+          continue;
+        r = read(fd, line, sizeof line - 1);
+        close(fd);
+        if (r <= 0)
+          continue;
+        line[r] = 0;
+        char *rp = strrchr(line, ')');
+        pid_t ppid;
+        if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1)
+          continue;
+        for (k = 0; k < n && members[k] != ppid; k++)
+          ;
+        if (k < n && n < (int)(sizeof members / sizeof *members)) {
+          members[n++] = pid;
+          if (sig == SIGKILL)
+            kill(pid, SIGSTOP);
+          grew = added = 1;
+        }
+      }
+      if (!grew)
+        break;
+    }
+    closedir(d);
+    if (!added || sig != SIGKILL)
+      break;
+  }
+  for (i = 1; i < n; i++)
+    if (kill(members[i], sig) == 0)
+      count++;
+  if (sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+    for (i = 1; i < n; i++)
+      kill(members[i], SIGCONT);
+  return count;
+}
+
+static void
+report(int fd, char kind, int32_t value)
+{
+  struct report r = { kind, value };
+  ssize_t w;
+  do
+    w = write(fd, &r, sizeof r);
+  while (w < 0 && errno == EINTR);
+}
+
+/* mkdir -p of path's parent directories. */
+static void
+make_parents(const char *path)
+{
+  char p[PATH_MAX];
+  char *s;
+  snprintf(p, sizeof p, "%s", path);
+  for (s = p + 1; (s = strchr(s, '/')); s++) {
+    *s = 0;
+    mkdir(p, 0755);
+    *s = '/';
+  }
+}
+
+/* The process of a READ_FILE job: the file to stdout. */
+static int
+run_reader(const char *path)
+{
+  uint8_t b[CHUNK];
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  ssize_t r;
+  if (fd < 0) {
+    fprintf(stderr, "cannot read %s: %s", path, strerror(errno));
+    return errno;
+  }
+  while ((r = read(fd, b, sizeof b)) != 0) {
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      fprintf(stderr, "cannot read %s: %s", path, strerror(errno));
+      return errno;
+    }
+    uint8_t *p = b;
+    while (r > 0) {
+      ssize_t w = write(1, p, (size_t)r);
+      if (w < 0) {
+        if (errno == EINTR)
+          continue;
+        return errno;
+      }
+      p += w;
+      r -= w;
+    }
+  }
+  return 0;
+}
+
+/* The process of a WRITE_FILE job: stdin to the file. */
+static int
+run_writer(const char *path, uint32_t mode, uint32_t flags)
+{
+  uint8_t b[CHUNK];
+  ssize_t r;
+  int fd;
+  if (flags & SBX_AP_MKDIRS)
+    make_parents(path);
+  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode ? (mode_t)mode : 0644);
+  if (fd < 0) {
+    fprintf(stderr, "cannot write %s: %s", path, strerror(errno));
+    return errno;
+  }
+  while ((r = read(0, b, sizeof b)) != 0) {
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return errno;
+    }
+    uint8_t *p = b;
+    while (r > 0) {
+      ssize_t w = write(fd, p, (size_t)r);
+      if (w < 0) {
+        if (errno == EINTR)
+          continue;
+        fprintf(stderr, "cannot write %s: %s", path, strerror(errno));
+        return errno;
+      }
+      p += w;
+      r -= w;
+    }
+  }
+  if (close(fd) != 0) {
+    fprintf(stderr, "cannot write %s: %s", path, strerror(errno));
+    return errno;
+  }
+  return 0;
+}
+
+struct spawn_req {
+  char **argv, **envp;
+  int argc, envc;
+  const char *cwd, *user, *path;
+  uint32_t flags, mode;
+  int kind;
+};
+
+/* The supervisor: forks the command, reports, reaps, and goes when the
+** job's last process is gone. Never returns. */
+static void __attribute__((noreturn))
+supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
+{
+  int keep[] = { in_r, out_w, err_w, status_w };
+  int errp[2];
+  pid_t cmd;
+  struct sigaction sa;
+  sigset_t all;
+  close_others(keep, 4);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_parent_death;
+  sigaction(SIGUSR1, &sa, NULL);
+  prctl(PR_SET_PDEATHSIG, SIGUSR1);
+  if (getppid() != agent_pid)
+    agent_gone = 1;   /* the agent died before the death signal was armed */
+  sigemptyset(&all);
+  sigprocmask(SIG_SETMASK, &all, NULL);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  if (pipe2(errp, O_CLOEXEC) != 0)
+    _exit(1);
+  cmd = fork();
+  if (cmd < 0) {
+    report(status_w, 'E', errno);
+    _exit(1);
+  }
+  if (cmd == 0) {
+    int e = 0;
+    close(errp[0]);
+    close(status_w);
+    setsid();
+    if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+      e = errno;
+    if (in_r > 2)
+      close(in_r);
+    if (out_w > 2)
+      close(out_w);
+    if (err_w > 2)
+      close(err_w);
+    for (int s = 1; s < 32; s++)
+      signal(s, SIG_DFL);
+    if (!e && rq->cwd && chdir(rq->cwd) != 0) {
+      e = errno;
+      dprintf(2, "sbx-agent: cannot change to %s: %s\n", rq->cwd, strerror(errno));
+    }
+    if (!e && rq->user) {
+      uid_t uid;
+      gid_t gid, groups[64];
+      int ng = 64;
+      char name[256];
+      if (lookup_user(rq->user, &uid, &gid, groups, &ng, name, sizeof name) != 0) {
+        e = ESRCH;
+        dprintf(2, "sbx-agent: unknown user %s\n", rq->user);
+      } else if (setgroups((size_t)ng, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+        e = errno;
+        dprintf(2, "sbx-agent: cannot become %s: %s\n", rq->user, strerror(errno));
+      }
+    }
+    if (e) {
+      int32_t v = e;
+      ssize_t w = write(errp[1], &v, sizeof v);
+      (void)w;
+      _exit(126);
+    }
+    if (rq->kind == KIND_READ)
+      _exit(run_reader(rq->path) ? 1 : 0);
+    if (rq->kind == KIND_WRITE)
+      _exit(run_writer(rq->path, rq->mode, rq->flags) ? 1 : 0);
+    exec_path(rq->argv, rq->envp);
+    e = errno;
+    dprintf(2, "sbx-agent: cannot run %s: %s\n", rq->argv[0], strerror(e));
+    int32_t v = e;
+    ssize_t w = write(errp[1], &v, sizeof v);
+    (void)w;
+    _exit(e == ENOENT ? 127 : 126);
+  }
+  close(errp[1]);
+  close(in_r);
+  close(out_w);
+  close(err_w);
+  report(status_w, 'P', (int32_t)cmd);
+  {
+    int32_t v;
+    ssize_t r;
+    do
+      r = read(errp[0], &v, sizeof v);
+    while (r < 0 && errno == EINTR);
+    if (r == (ssize_t)sizeof v)
+      report(status_w, 'E', v);
+    close(errp[0]);
+  }
+  /* Reap: the command first (its status), then whatever the job left. */
+  for (;;) {
+    int st;
+    pid_t p = waitpid(-1, &st, 0);
+    if (p < 0) {
+      if (errno == EINTR) {
+        if (agent_gone)
+          kill_tree(getpid(), SIGKILL);
+        continue;
+      }
+      break;   /* ECHILD: the job's last process is gone */
+    }
+    if (p == cmd)
+      report(status_w, 'X', WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+    if (agent_gone)
+      kill_tree(getpid(), SIGKILL);
+  }
+  _exit(0);
+}
+
+static void
+start_job(uint32_t id, struct spawn_req *rq)
+{
+  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2];
+  struct job *j;
+  pid_t sup;
+  if (find_job(id)) {
+    send_error(id, "bad_request", "job %u exists", id);
+    return;
+  }
+  if (A.njobs >= MAX_JOBS) {
+    send_error(id, "too_many_jobs", "more than %d jobs at once", MAX_JOBS);
+    return;
+  }
+  if (rq->kind == KIND_CMD && rq->argc == 0) {
+    send_error(id, "bad_request", "a command needs argv");
+    return;
+  }
+  if ((rq->flags & SBX_AP_STDIN_PIPE) || rq->kind == KIND_WRITE) {
+    if (pipe2(in_p, O_CLOEXEC) != 0)
+      goto fail;
+  } else {
+    in_p[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in_p[0] < 0)
+      goto fail;
+  }
+  if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(st_p, O_CLOEXEC) != 0)
+    goto fail;
+  sup = fork();
+  if (sup < 0)
+    goto fail;
+  if (sup == 0)
+    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1]);
+  close(in_p[0]);
+  close(out_p[1]);
+  close(err_p[1]);
+  close(st_p[1]);
+  j = calloc(1, sizeof *j);
+  if (!j)
+    die("sbx-agent: out of memory");
+  j->id = id;
+  j->kind = rq->kind;
+  j->sup = sup;
+  j->in_fd = in_p[1];
+  j->out_fd[1] = out_p[0];
+  j->out_fd[2] = err_p[0];
+  j->status_fd = st_p[0];
+  set_nonblock(j->out_fd[1]);
+  set_nonblock(j->out_fd[2]);
+  if (j->in_fd >= 0)
+    set_nonblock(j->in_fd);
+  j->next = A.jobs;
+  A.jobs = j;
+  A.njobs++;
+  return;
+fail:
+  send_error(id, "spawn_failed", "cannot start: %s", strerror(errno));
+}
+
+/* Requests ----------------------------------------------------------------------- */
+
+static void
+on_spawn(const struct sbx_ap_frame *f, int kind)
+{
+  struct sbx_ap_fields it;
+  uint8_t tag;
+  const uint8_t *v;
+  uint32_t len;
+  int r;
+  struct spawn_req rq;
+  char *strings = malloc((size_t)f->len + 64);
+  char *s = strings;
+  char **argv = calloc((size_t)f->len / 5 + 2, sizeof *argv);
+  char **envp = calloc((size_t)f->len / 5 + 2, sizeof *envp);
+  memset(&rq, 0, sizeof rq);
+  rq.kind = kind;
+  if (!strings || !argv || !envp)
+    die("sbx-agent: out of memory");
+  sbx_ap_fields_init(&it, f->payload, f->len);
+  while ((r = sbx_ap_next(&it, &tag, &v, &len)) == 1) {
+    uint64_t n;
+    if (memchr(v, 0, len) && tag != SBX_AF_FLAGS && tag != SBX_AF_MODE) {
+      send_error(f->id, "bad_request", "a field holds a NUL byte");
+      goto out;
+    }
+    switch (tag) {
+    case SBX_AF_ARGV:
+    case SBX_AF_ENV:
+    case SBX_AF_CWD:
+    case SBX_AF_USER:
+    case SBX_AF_PATH:
+      memcpy(s, v, len);
+      s[len] = 0;
+      if (tag == SBX_AF_ARGV)
+        argv[rq.argc++] = s;
+      else if (tag == SBX_AF_ENV)
+        envp[rq.envc++] = s;
+      else if (tag == SBX_AF_CWD)
+        rq.cwd = s;
+      else if (tag == SBX_AF_USER)
+        rq.user = s;
+      else
+        rq.path = s;
+      s += len + 1;
+      break;
+    case SBX_AF_FLAGS:
+      if (sbx_ap_uint(v, len, &n) == 0)
+        rq.flags = (uint32_t)n;
+      break;
+    case SBX_AF_MODE:
+      if (sbx_ap_uint(v, len, &n) == 0)
+        rq.mode = (uint32_t)n;
+      break;
+    default:
+      break;   /* a newer host's field: ignored */
+    }
+  }
+  if (r < 0) {
+    send_error(f->id, "bad_request", "malformed fields");
+    goto out;
+  }
+  if (kind != KIND_CMD && !rq.path) {
+    send_error(f->id, "bad_request", "a file request needs a path");
+    goto out;
+  }
+  argv[rq.argc] = NULL;
+  envp[rq.envc] = NULL;
+  rq.argv = argv;
+  rq.envp = envp;
+  start_job(f->id, &rq);
+out:
+  /* The supervisor has its own copy (fork); the agent needs none. */
+  free(strings);
+  free(argv);
+  free(envp);
+}
+
+static void
+write_stdin(struct job *j)
+{
+  while (buf_size(&j->in) > 0 && j->in_fd >= 0) {
+    ssize_t w = write(j->in_fd, j->in.p + j->in.off, buf_size(&j->in));
+    if (w > 0) {
+      j->in.off += (size_t)w;
+      j->in_done += (uint64_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    /* The command closed its stdin: drop what is left, as a pipe would. */
+    j->in_done += buf_size(&j->in);
+    j->in.off = j->in.len = 0;
+    close_fd(&j->in_fd);
+  }
+  if (j->in_done > j->in_acked) {
+    send_u32(SBX_AP_CREDIT, j->id, (uint32_t)(j->in_done - j->in_acked));
+    j->in_acked = j->in_done;
+  }
+  if (j->in_eof && buf_size(&j->in) == 0)
+    close_fd(&j->in_fd);
+}
+
+static void
+on_frame(const struct sbx_ap_frame *f)
+{
+  struct job *j = f->id ? find_job(f->id) : NULL;
+  switch (f->type) {
+  case SBX_AP_SPAWN:
+    on_spawn(f, KIND_CMD);
+    return;
+  case SBX_AP_READ_FILE:
+    on_spawn(f, KIND_READ);
+    return;
+  case SBX_AP_WRITE_FILE:
+    on_spawn(f, KIND_WRITE);
+    return;
+  case SBX_AP_STDIN:
+    if (!j)
+      return;   /* finished meanwhile: its stdin is gone */
+    if (j->in_fd < 0) {
+      send_u32(SBX_AP_CREDIT, j->id, f->len);
+      return;
+    }
+    if (buf_reserve(&j->in, f->len) != 0)
+      die("sbx-agent: out of memory");
+    memcpy(j->in.p + j->in.len, f->payload, f->len);
+    j->in.len += f->len;
+    write_stdin(j);
+    return;
+  case SBX_AP_STDIN_EOF:
+    if (j) {
+      j->in_eof = 1;
+      write_stdin(j);
+    }
+    return;
+  case SBX_AP_SIGNAL:
+    if (j && f->len >= 2) {
+      int sig = f->payload[0], n = 0;
+      if (f->payload[1] && j->sup > 0)
+        n = kill_tree(j->sup, sig);
+      else if (j->pid > 0 && kill(-j->pid, sig) == 0)
+        n = 1;
+      send_u32(SBX_AP_KILLED, f->id, (uint32_t)n);
+    } else {
+      send_u32(SBX_AP_KILLED, f->id, 0);
+    }
+    return;
+  case SBX_AP_CREDIT:
+    if (j && f->len >= 5) {
+      int st = f->payload[0];
+      uint32_t n = sbx_ap_be32(f->payload + 1);
+      if (st == ST_OUT || st == ST_ERR)
+        j->unread[st] = n > j->unread[st] ? 0 : j->unread[st] - n;
+    }
+    return;
+  case SBX_AP_FORGET:
+    if (j)
+      j->id = 0;   /* nothing more is sent for it; freed once its tree is gone */
+    return;
+  case SBX_AP_PING:
+    send_frame(SBX_AP_PONG, f->id, f->payload, f->len, NULL, 0);
+    return;
+  case SBX_AP_HELLO: {
+    struct sbx_ap_fields it;
+    uint8_t tag;
+    const uint8_t *v;
+    uint32_t len;
+    uint64_t n;
+    sbx_ap_fields_init(&it, f->payload, f->len);
+    while (sbx_ap_next(&it, &tag, &v, &len) == 1) {
+      if (tag == SBX_AF_VERSION && sbx_ap_uint(v, len, &n) == 0 && n != SBX_AP_VERSION) {
+        send_error(0, "version", "this agent speaks version %d, not %llu", SBX_AP_VERSION,
+                   (unsigned long long)n);
+        flush_tx();
+        _exit(3);
+      }
+      if (tag == SBX_AF_WINDOW && sbx_ap_uint(v, len, &n) == 0 && n >= 4096 && n <= (1u << 30))
+        A.window = (uint32_t)n;
+    }
+    return;
+  }
+  default:
+    send_error(f->id, "bad_request", "unknown frame type %u", (unsigned)f->type);
+  }
+}
+
+/* Job events -------------------------------------------------------------------------- */
+
+static void
+pump_output(struct job *j, int st)
+{
+  uint8_t hdr = (uint8_t)st;
+  uint8_t b[CHUNK];
+  while (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
+    size_t room = A.window - j->unread[st];
+    ssize_t r = read(j->out_fd[st], b, room < sizeof b ? room : sizeof b);
+    if (r > 0) {
+      if (j->id) {
+        send_frame(SBX_AP_OUT, j->id, &hdr, 1, b, (size_t)r);
+        j->unread[st] += (uint32_t)r;
+      }
+      continue;
+    }
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return;
+    close_fd(&j->out_fd[st]);
+    if (j->id)
+      send_frame(SBX_AP_EOF, j->id, &hdr, 1, NULL, 0);
+  }
+}
+
+static void
+read_status(struct job *j)
+{
+  struct report r;
+  ssize_t n;
+  for (;;) {
+    n = read(j->status_fd, &r, sizeof r);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n == (ssize_t)sizeof r) {
+      if (r.kind == 'P') {
+        j->pid = r.value;
+        if (j->id)
+          send_u32(SBX_AP_STARTED, j->id, (uint32_t)r.value);
+      } else if (r.kind == 'X') {
+        j->exited = 1;
+        if (j->id)
+          send_u32(SBX_AP_EXIT, j->id, (uint32_t)r.value);
+      }
+      /* 'E' (the command could not start): its exit status (126, 127)
+      ** and its message on stderr tell the host, as a shell would. */
+      continue;
+    }
+    break;
+  }
+  if (n == 0) {
+    close_fd(&j->status_fd);
+    j->done = 1;
+  }
+}
+
+static void
+on_sigchld(int sig)
+{
+  int saved = errno;
+  ssize_t w;
+  (void)sig;
+  w = write(A.sig_pipe[1], "c", 1);
+  (void)w;
+  errno = saved;
+}
+
+static void
+reap(void)
+{
+  char b[64];
+  while (read(A.sig_pipe[0], b, sizeof b) > 0)
+    ;
+  while (waitpid(-1, NULL, WNOHANG) > 0)
+    ;
+}
+
+/* Retires jobs whose supervisor is gone and whose pipes are drained. */
+/* Retires jobs whose supervisor is gone and whose pipes are drained: DONE,
+** and the agent keeps nothing of them. */
+static void
+retire(void)
+{
+  struct job *j, *next;
+  for (j = A.jobs; j; j = next) {
+    next = j->next;
+    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0) {
+      if (j->id)
+        send_frame(SBX_AP_DONE, j->id, NULL, 0, NULL, 0);
+      free_job(j);
+    }
+  }
+}
+
+/* Channel in ----------------------------------------------------------------------------- */
+
+static int
+read_exact(int fd, void *p, size_t n)
+{
+  uint8_t *b = p;
+  while (n > 0) {
+    ssize_t r = read(fd, b, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static void
+read_channel(void)
+{
+  for (;;) {
+    ssize_t r;
+    if (buf_reserve(&A.rx, CHUNK) != 0)
+      die("sbx-agent: out of memory");
+    r = read(A.in, A.rx.p + A.rx.len, A.rx.cap - A.rx.len);
+    if (r > 0) {
+      A.rx.len += (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    A.closing = 1;   /* end of the channel */
+    break;
+  }
+  for (;;) {
+    struct sbx_ap_frame f;
+    int used = sbx_ap_decode(A.rx.p + A.rx.off, buf_size(&A.rx), A.mac ? A.key : NULL, A.seq_in, &f);
+    if (used == SBX_AP_NEED)
+      break;
+    if (used < 0) {
+      send_error(0, used == SBX_AP_BAD_TAG ? "bad_tag" : "bad_frame",
+                 used == SBX_AP_BAD_TAG ? "a frame failed authentication" : "a frame is too long");
+      flush_tx();
+      _exit(3);
+    }
+    A.seq_in++;
+    A.rx.off += (size_t)used;
+    on_frame(&f);
+  }
+}
+
+/* Main ------------------------------------------------------------------------------------ */
+
+static void
+hello(void)
+{
+  uint8_t p[256];
+  size_t n = 0;
+  struct utsname u;
+  uname(&u);
+  sbx_ap_put_u32(p, sizeof p, &n, SBX_AF_VERSION, SBX_AP_VERSION);
+  sbx_ap_put_u32(p, sizeof p, &n, SBX_AF_PID, (uint32_t)getpid());
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_ARCH, u.machine, (uint32_t)strlen(u.machine));
+  send_frame(SBX_AP_HELLO, 0, p, n, NULL, 0);
+}
+
+int
+main(int argc, char **argv)
+{
+  struct sigaction sa;
+  uint8_t mode;
+  (void)argc;
+  (void)argv;
+  A.in = 0;
+  A.out = 1;
+  agent_pid = getpid();
+  A.window = 256 * 1024;
+  /* No process of the box's user may read our memory, fds or key. */
+  prctl(PR_SET_DUMPABLE, 0);
+  if (isatty(A.in)) {
+    struct termios t;
+    if (tcgetattr(A.in, &t) == 0) {
+      cfmakeraw(&t);
+      tcsetattr(A.in, TCSANOW, &t);
+    }
+  }
+  if (read_exact(A.in, &mode, 1) != 0 || (mode != SBX_AP_MODE_PLAIN && mode != SBX_AP_MODE_MAC))
+    die("sbx-agent: expected a mode byte on stdin (this program is started by sbx)");
+  if (read_exact(A.in, A.key, sizeof A.key) != 0)
+    die("sbx-agent: expected the key");
+  A.mac = mode == SBX_AP_MODE_MAC;
+  if (pipe2(A.sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    die("sbx-agent: pipe: %s", strerror(errno));
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigchld;
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  set_cloexec(A.in);
+  set_cloexec(A.out);
+  set_nonblock(A.in);
+  set_nonblock(A.out);
+  hello();
+  /* The host's HELLO carries the window; until it comes, the default. */
+  while (!A.closing || A.jobs) {
+    struct pollfd fds[3 + 4 * 256];
+    struct job *map[3 + 4 * 256];
+    int kinds[3 + 4 * 256];
+    int n = 0, i;
+    struct job *j;
+    if (A.closing && buf_size(&A.tx) == 0) {
+      /* The host is gone: end every job and leave. */
+      for (j = A.jobs; j; j = j->next)
+        if (j->sup > 0)
+          kill_tree(j->sup, SIGKILL);
+      break;
+    }
+    fds[n] = (struct pollfd){ A.sig_pipe[0], POLLIN, 0 };
+    map[n] = NULL;
+    kinds[n++] = 0;
+    if (!A.closing) {
+      fds[n] = (struct pollfd){ A.in, POLLIN, 0 };
+      map[n] = NULL;
+      kinds[n++] = 1;
+    }
+    if (buf_size(&A.tx) > 0) {
+      fds[n] = (struct pollfd){ A.out, POLLOUT, 0 };
+      map[n] = NULL;
+      kinds[n++] = 2;
+    }
+    for (j = A.jobs; j && n < (int)(sizeof fds / sizeof *fds) - 4; j = j->next) {
+      int st;
+      for (st = 1; st <= 2; st++) {
+        if (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
+          fds[n] = (struct pollfd){ j->out_fd[st], POLLIN, 0 };
+          map[n] = j;
+          kinds[n++] = 10 + st;
+        }
+      }
+      if (j->status_fd >= 0) {
+        fds[n] = (struct pollfd){ j->status_fd, POLLIN, 0 };
+        map[n] = j;
+        kinds[n++] = 20;
+      }
+      if (j->in_fd >= 0 && buf_size(&j->in) > 0) {
+        fds[n] = (struct pollfd){ j->in_fd, POLLOUT, 0 };
+        map[n] = j;
+        kinds[n++] = 30;
+      }
+    }
+    if (poll(fds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      die("sbx-agent: poll: %s", strerror(errno));
+    }
+    for (i = 0; i < n; i++) {
+      if (!fds[i].revents)
+        continue;
+      switch (kinds[i]) {
+      case 0: reap(); break;
+      case 1: read_channel(); break;
+      case 2: flush_tx(); break;
+      case 11: pump_output(map[i], 1); break;
+      case 12: pump_output(map[i], 2); break;
+      case 20: read_status(map[i]); break;
+      case 30: write_stdin(map[i]); break;
+      }
+    }
+    retire();
+    flush_tx();
+  }
+  flush_tx();
+  return 0;
+}

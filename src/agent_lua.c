@@ -1,0 +1,235 @@
+/*
+** core.agent: the agent protocol's frames for the Lua transport
+** (lua/sbx/transports/agent.lua). The codec is agent_proto.c; this file
+** only carries bytes between it and Lua. Every byte from a box is
+** untrusted: a frame that is too long or fails authentication is an error
+** the decoder reports once and keeps reporting (the channel is done).
+**
+**   core.agent.encode(type, id, payload [, key, seq]) -> frame bytes
+**   core.agent.decoder([key]) -> d
+**     d:feed(bytes)         buffers (at most one frame beyond what next took)
+**     d:next() -> type, id, payload | nil (need more) | false, code, message
+**     d:buffered() -> bytes waiting
+**   core.agent.HEADER, TAG, KEY, MAX_PAYLOAD, VERSION
+*/
+#include "host.h"
+#include "agent_proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DECODER_MT "sbx.agent.decoder"
+
+struct decoder {
+  uint8_t *p;
+  size_t len, off, cap;
+  uint8_t key[SBX_AP_KEY];
+  int mac;
+  uint64_t seq;
+  int failed;            /* 0, or the sbx_ap_decode error that ended it */
+};
+
+static struct decoder *
+check_decoder(lua_State *L)
+{
+  return luaL_checkudata(L, 1, DECODER_MT);
+}
+
+static int
+agent_encode(lua_State *L)
+{
+  lua_Integer type = luaL_checkinteger(L, 1);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  size_t n, klen = 0;
+  const char *payload = luaL_optlstring(L, 3, "", &n);
+  const char *key = luaL_optlstring(L, 4, NULL, &klen);
+  luaL_Buffer b;
+  uint8_t *out;
+  luaL_argcheck(L, type >= 0 && type <= 255, 1, "a frame type 0-255");
+  luaL_argcheck(L, id >= 0 && id <= 0xffffffffLL, 2, "an id 0-2^32-1");
+  luaL_argcheck(L, n <= SBX_AP_MAX_PAYLOAD, 3, "payload longer than the protocol allows");
+  luaL_argcheck(L, !key || klen == SBX_AP_KEY, 4, "a 32-byte key");
+  out = (uint8_t *)luaL_buffinitsize(L, &b, SBX_AP_HEADER + n + SBX_AP_TAG);
+  sbx_ap_header(out, (uint8_t)type, (uint32_t)id, (uint32_t)n);
+  memcpy(out + SBX_AP_HEADER, payload, n);
+  if (key) {
+    uint64_t seq = (uint64_t)luaL_checkinteger(L, 5);
+    sbx_ap_tag((const uint8_t *)key, seq, out, out + SBX_AP_HEADER, (uint32_t)n,
+               out + SBX_AP_HEADER + n);
+    luaL_pushresultsize(&b, SBX_AP_HEADER + n + SBX_AP_TAG);
+  } else {
+    luaL_pushresultsize(&b, SBX_AP_HEADER + n);
+  }
+  return 1;
+}
+
+static int
+agent_decoder(lua_State *L)
+{
+  size_t klen = 0;
+  const char *key = luaL_optlstring(L, 1, NULL, &klen);
+  struct decoder *d;
+  luaL_argcheck(L, !key || klen == SBX_AP_KEY, 1, "a 32-byte key");
+  d = lua_newuserdatauv(L, sizeof *d, 0);
+  memset(d, 0, sizeof *d);
+  luaL_setmetatable(L, DECODER_MT);
+  if (key) {
+    memcpy(d->key, key, SBX_AP_KEY);
+    d->mac = 1;
+  }
+  return 1;
+}
+
+static int
+decoder_feed(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  size_t n;
+  const char *p = luaL_checklstring(L, 2, &n);
+  if (d->off > 0 && (d->off == d->len || d->off > d->cap / 2)) {
+    memmove(d->p, d->p + d->off, d->len - d->off);
+    d->len -= d->off;
+    d->off = 0;
+  }
+  if (d->len + n > d->cap) {
+    size_t cap = d->cap ? d->cap : 65536;
+    uint8_t *q;
+    while (cap < d->len + n)
+      cap *= 2;
+    q = realloc(d->p, cap);
+    if (!q)
+      return luaL_error(L, "out of memory");
+    d->p = q;
+    d->cap = cap;
+  }
+  memcpy(d->p + d->len, p, n);
+  d->len += n;
+  return 0;
+}
+
+static int
+decoder_next(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  struct sbx_ap_frame f;
+  int used;
+  if (!d->failed) {
+    used = sbx_ap_decode(d->p + d->off, d->len - d->off, d->mac ? d->key : NULL, d->seq, &f);
+    if (used == SBX_AP_NEED) {
+      lua_pushnil(L);
+      return 1;
+    }
+    if (used > 0) {
+      d->seq++;
+      lua_pushinteger(L, f.type);
+      lua_pushinteger(L, (lua_Integer)f.id);
+      lua_pushlstring(L, (const char *)f.payload, f.len);
+      d->off += (size_t)used;
+      return 3;
+    }
+    d->failed = used;
+  }
+  lua_pushboolean(L, 0);
+  if (d->failed == SBX_AP_BAD_TAG) {
+    lua_pushliteral(L, "bad_tag");
+    lua_pushliteral(L, "a frame from the agent failed authentication");
+  } else {
+    lua_pushliteral(L, "bad_frame");
+    lua_pushliteral(L, "a frame from the agent is longer than the protocol allows");
+  }
+  return 3;
+}
+
+static int
+decoder_buffered(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  lua_pushinteger(L, (lua_Integer)(d->len - d->off));
+  return 1;
+}
+
+static int
+decoder_gc(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  free(d->p);
+  d->p = NULL;
+  d->len = d->off = d->cap = 0;
+  memset(d->key, 0, sizeof d->key);
+  return 0;
+}
+
+/* The agents built into this library (Makefile: agent_blob.S). */
+#ifdef SBX_AGENT_x86_64
+extern const char sbx_agent_x86_64[], sbx_agent_x86_64_end[];
+#endif
+#ifdef SBX_AGENT_aarch64
+extern const char sbx_agent_aarch64[], sbx_agent_aarch64_end[];
+#endif
+
+/* core.agent.binary(arch) -> the static agent for arch ("x86_64",
+** "aarch64"; uname -m's names) | nil when this build has none. */
+static int
+agent_binary(lua_State *L)
+{
+  const char *arch = luaL_checkstring(L, 1);
+  (void)arch;
+#ifdef SBX_AGENT_x86_64
+  if (strcmp(arch, "x86_64") == 0) {
+    lua_pushlstring(L, sbx_agent_x86_64, (size_t)(sbx_agent_x86_64_end - sbx_agent_x86_64));
+    return 1;
+  }
+#endif
+#ifdef SBX_AGENT_aarch64
+  if (strcmp(arch, "aarch64") == 0 || strcmp(arch, "arm64") == 0) {
+    lua_pushlstring(L, sbx_agent_aarch64, (size_t)(sbx_agent_aarch64_end - sbx_agent_aarch64));
+    return 1;
+  }
+#endif
+  lua_pushnil(L);
+  return 1;
+}
+
+static const luaL_Reg agent_funcs[] = {
+  { "encode", agent_encode },
+  { "decoder", agent_decoder },
+  { "binary", agent_binary },
+  { NULL, NULL }
+};
+
+static const luaL_Reg decoder_methods[] = {
+  { "feed", decoder_feed },
+  { "next", decoder_next },
+  { "buffered", decoder_buffered },
+  { NULL, NULL }
+};
+
+static const luaL_Reg decoder_meta[] = {
+  { "__gc", decoder_gc },
+  { "__close", decoder_gc },
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
+int
+sbx_open_agent(lua_State *L)
+{
+  luaL_newmetatable(L, DECODER_MT);
+  luaL_setfuncs(L, decoder_meta, 0);
+  luaL_newlibtable(L, decoder_methods);
+  luaL_setfuncs(L, decoder_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newlib(L, agent_funcs);
+  lua_pushinteger(L, SBX_AP_HEADER);
+  lua_setfield(L, -2, "HEADER");
+  lua_pushinteger(L, SBX_AP_TAG);
+  lua_setfield(L, -2, "TAG");
+  lua_pushinteger(L, SBX_AP_KEY);
+  lua_setfield(L, -2, "KEY");
+  lua_pushinteger(L, SBX_AP_MAX_PAYLOAD);
+  lua_setfield(L, -2, "MAX_PAYLOAD");
+  lua_pushinteger(L, SBX_AP_VERSION);
+  lua_setfield(L, -2, "VERSION");
+  return 1;
+}

@@ -1,0 +1,185 @@
+/*
+** The sbx agent protocol: the contract between sbx (the host) and
+** sbx-agent (one small static program per box, started once, speaking over
+** one byte channel: an attached Docker exec's pipes, an SSM session's PTY,
+** a local pipe). This header is the one place it is written down; the codec
+** (agent_proto.c) is pure: no I/O, no loop, no Lua, so the agent, the host
+** and the fuzzer share it.
+**
+** Frames, in both directions:
+**
+**   u8 type | u8 flags | u32 id | u32 len | payload[len] | [tag[16]]
+**
+** integers big-endian; len <= SBX_AP_MAX_PAYLOAD. id names a job (a
+** command), a file transfer or 0 for the channel. When the channel is
+** authenticated (a PTY, where another process in the box could write into
+** it), every frame carries tag = HMAC-SHA256(key, seq || header || payload)
+** cut to 16 bytes; seq is a u64 counting that direction's frames from 0, so
+** a frame cannot be replayed, dropped or reordered unnoticed. The key is 32
+** random bytes the host sends before the first frame (see below).
+**
+** Start: the host starts the agent with the channel as its stdin/stdout.
+** The agent puts a terminal channel in raw mode, makes itself undumpable
+** (no /proc/<pid>/mem, fd or ptrace access for other processes of its
+** user), reads a 1-byte mode (SBX_AP_MODE_PLAIN or SBX_AP_MODE_MAC) and the
+** 32-byte per-box key (it authenticates a later attach, and for MAC every
+** frame), then sends HELLO: VERSION, PID, ARCH fields. The host answers
+** HELLO: VERSION, WINDOW (bytes per stream). A version the other side does
+** not speak is an ERROR frame and the end of the channel.
+**
+** Payload encodings: a sequence of fields, each u8 tag | u32 len | bytes.
+** Integers in fields are big-endian of the field's length (1, 2, 4 or 8).
+**
+** Host to agent:
+**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND,
+**               SESSION]      start a command (a new session, no channel fds,
+**                             under a per-job subreaper)
+**   STDIN id    bytes         to the command's stdin
+**   STDIN_EOF id              closes it
+**   SIGNAL id   u8 signal, u8 scope (0 the command, 1 its whole tree:
+**               stopped first, then signalled: nothing escapes, no next step
+**               of a script runs)
+**   CREDIT id   u8 stream, u32 bytes: the host read this much more of that
+**               stream; the agent sends at most `window` unread bytes per
+**               stream, then stops reading the command's pipe (the command
+**               blocks: back-pressure instead of host memory)
+**   FORGET id                 the host is done with a finished job
+**   READ_FILE id  PATH [MODE]  a job whose process (no exec: the image needs
+**                 no cat) writes the file's bytes to its stdout; the host
+**                 stops it past its limit (a FIFO, /dev/zero)
+**   WRITE_FILE id PATH, MODE u32, FLAGS (MKDIRS): a job whose process writes
+**                 its stdin (STDIN frames, STDIN_EOF) to the file; exit
+**                 status 0, or an errno with a message on stderr
+**   PING id     bytes          answered with PONG and the same bytes
+**
+** Agent to host:
+**   STARTED id  u32 pid
+**   OUT id      u8 stream (1 stdout, 2 stderr), bytes
+**   EOF id      u8 stream
+**   EXIT id     i32 status: >= 0 an exit code, < 0 the negated signal
+**   DONE id     the job's supervisor is gone (its whole tree ended)
+**   KILLED id   u32 processes signalled
+**   CREDIT id   u8 0, u32 bytes: that much stdin reached the command; the
+**               host keeps at most `window` stdin bytes unacknowledged
+**   ERROR id    string code, string message (id 0: the channel)
+**   PONG id     bytes
+*/
+#ifndef SBX_AGENT_PROTO_H
+#define SBX_AGENT_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SBX_AP_VERSION 1
+#define SBX_AP_HEADER 10
+#define SBX_AP_TAG 16
+#define SBX_AP_KEY 32
+#define SBX_AP_MAX_PAYLOAD (1u << 20)
+
+#define SBX_AP_MODE_PLAIN 'P'
+#define SBX_AP_MODE_MAC 'M'
+
+enum sbx_ap_type {
+  /* host to agent */
+  SBX_AP_HELLO = 0x01,
+  SBX_AP_SPAWN = 0x10,
+  SBX_AP_STDIN = 0x11,
+  SBX_AP_STDIN_EOF = 0x12,
+  SBX_AP_SIGNAL = 0x13,
+  SBX_AP_CREDIT = 0x14,
+  SBX_AP_FORGET = 0x15,
+  SBX_AP_READ_FILE = 0x20,
+  SBX_AP_WRITE_FILE = 0x21,
+  SBX_AP_PING = 0x30,
+  /* agent to host */
+  SBX_AP_STARTED = 0x90,
+  SBX_AP_OUT = 0x91,
+  SBX_AP_EOF = 0x92,
+  SBX_AP_EXIT = 0x93,
+  SBX_AP_DONE = 0x94,
+  SBX_AP_KILLED = 0x95,
+  SBX_AP_ERROR = 0xA3,
+  SBX_AP_PONG = 0xB1,
+};
+
+/* Field tags. */
+enum sbx_ap_field {
+  SBX_AF_ARGV = 1,
+  SBX_AF_ENV = 2,
+  SBX_AF_CWD = 3,
+  SBX_AF_USER = 4,
+  SBX_AF_FLAGS = 5,
+  SBX_AF_PATH = 6,
+  SBX_AF_MAX = 7,
+  SBX_AF_MODE = 8,
+  SBX_AF_CODE = 9,
+  SBX_AF_MESSAGE = 10,
+  SBX_AF_VERSION = 11,
+  SBX_AF_PID = 12,
+  SBX_AF_ARCH = 13,
+  SBX_AF_WINDOW = 14,
+};
+
+/* SPAWN flags. */
+#define SBX_AP_STDIN_PIPE 1u
+#define SBX_AP_BACKGROUND 2u
+/* WRITE_FILE flags. */
+#define SBX_AP_MKDIRS 1u
+
+struct sbx_ap_frame {
+  uint8_t type;
+  uint8_t flags;
+  uint32_t id;
+  uint32_t len;
+  const uint8_t *payload;   /* points into the caller's buffer */
+};
+
+/* Results of sbx_ap_decode. */
+enum {
+  SBX_AP_NEED = 0,          /* not a whole frame yet */
+  SBX_AP_BAD_LENGTH = -1,   /* len above SBX_AP_MAX_PAYLOAD */
+  SBX_AP_BAD_TAG = -2,      /* authentication failed */
+};
+
+/*
+** Decodes one frame from buf[0..n). Returns the bytes it used (> 0) and
+** fills f, SBX_AP_NEED when more bytes are needed, or a negative error.
+** With key non-NULL the frame must carry a valid tag for sequence number
+** seq (the caller counts). Never reads past n; never allocates.
+*/
+int sbx_ap_decode(const uint8_t *buf, size_t n, const uint8_t *key, uint64_t seq,
+                  struct sbx_ap_frame *f);
+
+/*
+** Writes a frame header for (type, id, len) into out[SBX_AP_HEADER]. The
+** payload follows it; then, with a key, sbx_ap_tag over both.
+*/
+void sbx_ap_header(uint8_t *out, uint8_t type, uint32_t id, uint32_t len);
+
+/* tag[16] = HMAC-SHA256(key, seq || header || payload)[0..16] */
+void sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_t *payload,
+                uint32_t len, uint8_t *tag);
+
+/* Field reader over a payload: sbx_ap_next -> 1 with tag/value, 0 at the
+** end, -1 on a malformed field (a length past the end). */
+struct sbx_ap_fields {
+  const uint8_t *p, *end;
+};
+void sbx_ap_fields_init(struct sbx_ap_fields *it, const uint8_t *payload, uint32_t len);
+int sbx_ap_next(struct sbx_ap_fields *it, uint8_t *tag, const uint8_t **value, uint32_t *len);
+
+/* Appends a field to out (capacity cap, used *n); 0, or -1 when it would
+** not fit. */
+int sbx_ap_put(uint8_t *out, size_t cap, size_t *n, uint8_t tag, const void *value, uint32_t len);
+int sbx_ap_put_u32(uint8_t *out, size_t cap, size_t *n, uint8_t tag, uint32_t v);
+int sbx_ap_put_u64(uint8_t *out, size_t cap, size_t *n, uint8_t tag, uint64_t v);
+
+uint32_t sbx_ap_be32(const uint8_t *p);
+uint64_t sbx_ap_be64(const uint8_t *p);
+void sbx_ap_put_be32(uint8_t *p, uint32_t v);
+void sbx_ap_put_be64(uint8_t *p, uint64_t v);
+/* A field value as an integer of its length (1, 2, 4 or 8 bytes); -1 when
+** the length is none of these. */
+int sbx_ap_uint(const uint8_t *v, uint32_t len, uint64_t *out);
+
+#endif
