@@ -11,7 +11,7 @@
 -- format_output or output.head_chars changes what format_result produces.
 -- Types and ranges of every knob are checked when a policy is loaded
 -- (sbx.policy_check; `sbx policy check FILE`).
-local KiB, MiB = 1024, 1024 * 1024
+local KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 
 local policy = {}
 
@@ -19,6 +19,12 @@ local policy = {}
 local function live(pol) return pol or require("sbx").policy end
 
 -- Box defaults: what sbx.box{} uses for every option the caller leaves out.
+-- The isolation options among them (memory, cpus, pids, disk, network,
+-- read_only, cap_drop, cap_add, no_new_privileges, init, ulimits, tmpfs)
+-- follow one rule on every backend (sbx.limits): set explicitly and not
+-- enforceable there, the box is refused ("unsupported"); a default that
+-- cannot be enforced is applied as closely as the backend allows; box.limits
+-- reports what each box got.
 policy.box = {
   backend = "docker",
   image = "debian:bookworm-slim",
@@ -26,6 +32,15 @@ policy.box = {
   memory = 1024 * MiB,          -- bytes; swap is disabled (MemorySwap = Memory)
   cpus = 1.0,                   -- CPU quota in cores
   pids = 512,                   -- the fork-bomb ceiling
+  -- Bytes the box may write to its own filesystem (its writable layer:
+  -- files it creates or grows, image files it changes; tmpfs mounts count
+  -- against memory instead), false for no limit. 10 GiB holds a toolchain,
+  -- a repository and its build, and stops a runaway writer long before it
+  -- fills a host disk that other boxes share.
+  disk = 10 * GiB,
+  -- true: a default that the backend cannot enforce refuses the box too
+  -- (nil, message, "unsupported"), as an explicitly set option always does.
+  strict_limits = false,
   network = "none",             -- "none" isolates; "bridge" gives the box a network
   env = {},                     -- KEY = value set on the box itself
   labels = {},                  -- extra labels on the container

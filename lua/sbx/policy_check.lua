@@ -55,6 +55,7 @@ local RULES = {
   ["box.memory"] = rule({ "number", "false" }, { gt = 0 }),
   ["box.cpus"] = rule({ "number", "false" }, { gt = 0 }),
   ["box.pids"] = rule({ "integer", "false" }, { gt = 0 }),
+  ["box.disk"] = rule({ "integer", "false" }, { gt = 0 }),
   ["box.network"] = str(),
   ["box.env"] = map(SCALAR),
   ["box.labels"] = map(SCALAR),
