@@ -97,6 +97,7 @@ b = assert(fake_box { disk = false })
 tap.is(b.limits.disk.enforced, false, "disk = false: no limit")
 b:close()
 tap.checkerr("box.strict_limits must be", sbx.use_policy, { box = { strict_limits = "yes" } })
+tap.checkerr("docker.disk_poll must be", sbx.use_policy, { docker = { disk_poll = 0 } })
 
 -- Fargate: what a task definition can hold -------------------------------------------------
 

@@ -102,6 +102,8 @@ local RULES = {
   ["docker.ping_timeout"] = POS,
   ["docker.pull_timeout"] = POS,
   ["docker.kill_timeout"] = POS,
+  ["docker.disk_poll"] = POS,
+  ["docker.disk_poll_load"] = num { gt = 0 },
   ["harness.concurrency"] = int { gt = 0 },
   ["harness.task_box_options"] = list(str()),
   ["fargate.region"] = maybe(str()),
