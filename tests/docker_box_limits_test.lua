@@ -24,7 +24,7 @@ box:close()
 
 -- Explicit options: reported as asked, and the daemon holds them.
 box = H.box { memory = 128 * MiB, pids = 50, read_only = true, tmpfs = { ["/work"] = "rw,size=8m" },
-  cap_drop = { "ALL" }, ulimits = { nofile = 512 } }
+  cap_drop = { "ALL" }, ulimits = { nofile = 512, nproc = 4096 } }   -- nproc too: Podman needs both
 L = box.limits
 tap.is(L.memory.requested, 128 * MiB, "explicit memory is reported")
 tap.is(L.read_only.enforced, "daemon", "read_only = true: the daemon")
