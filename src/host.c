@@ -40,6 +40,7 @@ struct sbx_task {
   int status;
   int observed;         /* someone asked for the result */
   int cancel_requested;
+  int unref;            /* core.drain does not wait for it (task:unref) */
   int in_queue;
   struct sbx_waiter *waiting;
   struct sbx_task *next_ready;
@@ -285,7 +286,8 @@ task_finish(struct sbx_task *t, lua_State *co, int ok, int nres)
   t->results_ref = luaL_ref(co, LUA_REGISTRYINDEX);
   t->status = ok ? TASK_DONE : TASK_FAILED;
   t->waiting = NULL;
-  h->tasks_alive--;
+  if (!t->unref)
+    h->tasks_alive--;
   /* Wake everything joined on this task. */
   {
     struct sbx_waiter *w = h->pending.next, *next;
@@ -507,6 +509,24 @@ task_cancel(lua_State *L)
   if (t->waiting)
     waiter_cancel(t->waiting, SBX_CANCEL_TASK);
   lua_pushboolean(L, 1);
+  return 1;
+}
+
+/*
+** task:unref() -> task. core.drain (the end of `sbx run`) no longer waits for
+** it, as libuv's uv_unref: for a watcher that runs as long as boxes exist,
+** which are removed only after the drain. It still runs while anything
+** else does, and is cancelled when the host closes.
+*/
+static int
+task_unref(lua_State *L)
+{
+  struct sbx_task *t = check_task(L, 1);
+  if (!t->unref && t->status != TASK_DONE && t->status != TASK_FAILED) {
+    t->unref = 1;
+    t->host->tasks_alive--;
+  }
+  lua_settop(L, 1);
   return 1;
 }
 
@@ -814,6 +834,7 @@ static const luaL_Reg task_methods[] = {
   { "status", task_status },
   { "done", task_done },
   { "cancel", task_cancel },
+  { "unref", task_unref },
   { "observed", task_observed },
   { NULL, NULL }
 };

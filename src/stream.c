@@ -63,7 +63,8 @@ struct stream {
   int reading, paused;
   int eof;
   char error[256];
-  const char *error_code;
+  char error_code_buf[32];
+  const char *error_code;      /* NULL, or error_code_buf */
   struct sbx_waiter *reader;
   double started, ended;
 };
@@ -127,8 +128,10 @@ finish(struct stream *s, const char *code, const char *msg)
   if (s->eof)
     return;
   if (code && !s->error_code) {
-    s->error_code = code;
-    snprintf(s->error, sizeof s->error, "%s", msg);
+    /* A copy: code may be a Lua string that is collected later. */
+    snprintf(s->error_code_buf, sizeof s->error_code_buf, "%s", code);
+    s->error_code = s->error_code_buf;
+    snprintf(s->error, sizeof s->error, "%s", msg ? msg : code);
   }
   s->eof = 1;
   s->ended = sbx_now();
@@ -769,12 +772,18 @@ stream_close_stdin(lua_State *L)
   return 0;
 }
 
-/* stream:close(): drops the connection; captured bytes stay readable. */
+/*
+** stream:close([code, message]): drops the connection; captured bytes stay
+** readable. With a code, a stream that had not ended ends with that error
+** (info().error_code), as when the box under it was frozen.
+*/
 static int
 stream_close(lua_State *L)
 {
   struct stream *s = check_stream(L);
-  finish(s, NULL, NULL);
+  const char *code = luaL_optstring(L, 2, NULL);
+  const char *msg = luaL_optstring(L, 3, code);
+  finish(s, code, msg);
   return 0;
 }
 

@@ -7,17 +7,32 @@
 -- (or nil for an argv command). A hanging command ends when killed.
 --   package.loaded["sbx.backends.fake"] = require "fake_backend"
 --   local box = sbx.box{ backend = "fake", respond = function(req, cmd) ... end }
+-- Isolation: every option is enforced ("daemon") unless the box option
+-- `isolation` says otherwise: { pids = false } (not enforceable), or
+-- { disk = { enforced = "watched", note = "..." } }.
 local core = require "sbx.core"
 
-local M = { started = {}, killed = {} }
+local M = { started = {}, killed = {}, created = 0 }
 
 function M.options(check)
-  return { respond = check.FN }
+  return { respond = check.FN, isolation = check.map(check.ANY) }
+end
+
+function M.limits(spec)
+  local out = {}
+  for _, name in ipairs(require("sbx.limits").OPTIONS) do
+    local d = (spec.isolation or {})[name]
+    if d == nil then d = "daemon" end
+    if type(d) ~= "table" then d = { enforced = d, note = d and "the fake enforces it" or "the fake cannot" } end
+    out[name] = d
+  end
+  return out
 end
 
 local n = 0
 
 function M.create(spec)
+  M.created = M.created + 1
   n = n + 1
   return { id = string.format("fake%04d", n), respond = spec.respond or function() return {} end, jobs = {} }
 end

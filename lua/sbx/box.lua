@@ -10,6 +10,10 @@
 --   restart(handle) -> true | nil, msg, code       reap(opts) -> report
 --   options: box option name -> rule (sbx.policy_check), for the options
 --   only this backend takes
+--   limits(spec, pol) -> option -> { enforced = kind | false, note }: how
+--   this backend enforces each isolation option for this spec; create may
+--   add handle.limits once the daemon answered (the contract, and the rule
+--   for what cannot be enforced, are in sbx.limits)
 -- A job carries .stream, an object with the sbx.stream methods.
 --
 -- Policy: every call reads the box's policy (box:policy()): the live
@@ -18,6 +22,7 @@
 -- argument.
 local M = {}
 local sbx, core
+local limits_mod = require "sbx.limits"
 
 local Box = {}
 Box.__index = Box
@@ -76,6 +81,12 @@ function M.new(opts)
   local t0 = tr and tr.begin()
   local spec = sbx.merge_policy({}, sbx.deep_copy(pol.box))
   for k, v in pairs(opts) do if k ~= "policy" then spec[k] = v end end
+  -- Isolation the backend cannot enforce is refused before anything exists.
+  local limits, lerr, lcode = limits_mod.resolve(backend, spec, opts, pol)
+  if limits == nil then
+    if tr then tr.created(t0, spec, nil, lerr, lcode) end
+    return nil, lerr, lcode
+  end
   local handle, err, code = backend.create(spec, pol)
   if not handle then
     if tr then tr.created(t0, spec, nil, err, code) end
@@ -93,6 +104,8 @@ function M.new(opts)
     closed = false,
     overlay = overlay,     -- this box's policy overlay, if any
     usage = { commands = 0, seconds = 0, output_bytes = 0 },
+    -- option -> { requested, enforced, note } (sbx.limits), or false
+    limits = limits_mod.merge(limits, handle.limits) or false,
   }, Box)
   if overlay then self.pol, self.pol_generation = pol, sbx.policy_generation end
   open[self.id] = { backend = backend, handle = handle }

@@ -112,7 +112,10 @@ function M.create(spec)
       q[#q + 1] = r
     end
   end
-  return { id = id, path = path, queues = queues, spec = spec }
+  -- box.limits: what the recorded box reported, if the trace has it; the
+  -- replay itself enforces nothing and refuses nothing.
+  local limits = create and type(create.result) == "table" and create.result.limits or nil
+  return { id = id, path = path, queues = queues, spec = spec, limits = limits }
 end
 
 function M.destroy() return true end
