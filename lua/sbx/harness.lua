@@ -201,9 +201,10 @@ local function summarize(sbx, r, pol)
   return ordered(p, PHASE_KEYS)
 end
 
--- A command the policy refused: "denied" by hooks.before_exec or over a
--- budget. A refused run fails the task; a refused setup or check is an error.
-local REFUSED = { denied = true, budget_exceeded = true }
+-- A command the policy refused ("denied" by hooks.before_exec, over a
+-- budget) or one that filled the box's disk: in the run, the task's own
+-- doing (failed); in a setup or a check, an error.
+local REFUSED = { denied = true, budget_exceeded = true, disk_exceeded = true }
 
 -- Runs one command (string, argv or function) in the box: phase record, ok.
 local function run_command(sbx, box, task, cmd, phase)
