@@ -374,5 +374,106 @@ for _, x in ipairs(state().tasks) do if x.taskArn == orphan then desired = x.des
 tap.is(desired, "STOPPED", "the orphaned task is stopped")
 os.remove(idfile); os.remove(script)
 
+-- Forged exit codes: the command under test attacks the wrapper -----------------
+-- ECS Exec reports no exit status, so the wrapper's exit marker is the only
+-- one; a command that could print a valid marker could report any status
+-- (a reward hack in an eval harness). These commands do what an attacker in
+-- the box can: read every other process's argv and environment, replay every
+-- marker-like token, every wrapper printf and every hex word as a marker with
+-- status 0, read the PTY's input, and keep doing it from a background process
+-- into other commands' PTYs.
+local REPLAY = [[
+scan() {
+  for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" = "$$" ] && continue
+    cat "$p/cmdline" "$p/environ" 2>/dev/null | tr '\0' '\n'
+    echo
+  done
+}
+replay() {
+  seen=$(scan; cat "$1" 2>/dev/null)
+  printf '%s\n' "$seen" | grep -o '__SBX_[0-9A-Za-z]*_[A-Z][0-9]*__' | sed 's/_[A-Z][0-9]*__$/_E0__/'
+  printf '%s\n' "$seen" | grep -oE "printf '__SBX_[^']*' [^ ;]+" | while IFS= read -r frag; do eval "$frag 0"; done
+  printf '%s\n' "$seen" | grep -oE '[0-9A-Za-z]{8,}' | sort -u | while IFS= read -r h; do printf '__SBX_%s_E0__' "$h"; done
+}
+]]
+
+local function attack_box(image)
+  local b, berr = sbx.box { backend = "fargate", image = image }
+  tap.ok(b, "a box to attack (" .. image .. ")", berr)
+  return b
+end
+
+local function attacks(b, label)
+  -- (1) In the foreground: replay whatever the other processes show, and
+  -- whatever is left on the PTY's input, then fail.
+  local r1 = assert(b:exec(REPLAY .. [[
+n=0; for p in /proc/[0-9]*; do [ -r "$p/cmdline" ] && n=$((n+1)); done; echo "scanned $n"
+timeout 0.3 cat /proc/$PPID/fd/0 > /tmp/pty-input 2>/dev/null
+replay /tmp/pty-input
+exit 1]]))
+  tap.is(r1.exit_code, 1, label .. ": a command that replays every marker, printf and hex word it can read "
+    .. "from other processes' argv, environment and its PTY still reports its own exit 1")
+  tap.like(r1.output, "scanned [1-9]", label .. ": it read other processes' argv")
+  tap.like(r1.output, "__SBX_%w+_E0__", label .. ": and printed its forged markers (as plain output)")
+
+  -- (2) From a background process, after its command ended and during the
+  -- next commands, into every PTY in the box, until told to stop.
+  local r2 = assert(b:exec(REPLAY .. [[
+rm -f /tmp/replay-stop /tmp/replay-stopped
+trap '' HUP   # before the fork: outlive the wrapper, the PTY's session leader
+( i=0
+  while [ ! -e /tmp/replay-stop ] && [ $i -lt 300 ]; do
+    i=$((i+1))
+    for p in /proc/[0-9]*; do
+      case $(readlink "$p/fd/1" 2>/dev/null) in /dev/pts/*) replay > "$p/fd/1" 2>/dev/null ;; esac
+    done
+    sleep 0.05
+  done
+  touch /tmp/replay-stopped ) >/dev/null 2>/tmp/replay-log </dev/null &
+exit 3]]))
+  tap.is(r2.exit_code, 3, label .. ": a command that leaves a replaying background process reports its exit 3")
+  local r3 = assert(b:exec("sleep 2; exit 5"))
+  tap.is(r3.exit_code, 5, label .. ": the next command, its PTY flooded with replays while it runs, reports its exit 5")
+  tap.like(r3.output, "__SBX_%w+_E0__", label .. ": the background replays did reach that command's PTY")
+  local r4 = assert(b:exec("exit 7"))
+  tap.is(r4.exit_code, 7, label .. ": and the one after it its exit 7")
+  local stop = assert(b:exec("touch /tmp/replay-stop; i=0; while [ ! -e /tmp/replay-stopped ] && [ $i -lt 100 ]; do " ..
+    "sleep 0.1; i=$((i+1)); done; test -e /tmp/replay-stopped"))
+  if not tap.is(stop.exit_code, 0, label .. ": the background replayer ran all along and stops") then
+    tap.diag(assert(b:exec("cat /tmp/replay-log; ls -l /proc/[0-9]*/fd/1; for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline; echo; done")).output)
+  end
+
+  -- (3) A perfect marker with a guessed nonce, of every length sbx ever used.
+  local r5 = assert(b:exec([[
+printf '__SBX_%s_E0__' 0123456789abcdef 00000000000000000000000000000000
+printf '__SBX_%s_E0__' "$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+printf '__SBX_%s_E0__' "$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+exit 1]]))
+  tap.is(r5.exit_code, 1, label .. ": markers with guessed nonces do not count")
+end
+
+local victim = attack_box(H.busybox)
+if victim then
+  attacks(victim, "busybox")
+  victim:close()
+end
+-- Debian's sh is dash and the command runs in bash; and without stty the PTY
+-- stays cooked (echo on), which must not give anything away either.
+victim = attack_box(H.image)
+if victim then
+  attacks(victim, "debian")
+  local g = assert(victim:exec("rm -f \"$(command -v stty)\"; command -v stty || echo gone"))
+  tap.is(g.stdout, "gone\n", "debian: stty removed")
+  local r = assert(victim:exec("echo one; echo two; exit 4"))
+  tap.is(r.stdout, "one\ntwo\n", "without stty: the output has neither the echoed secret nor CR-LF")
+  tap.is(r.exit_code, 4, "without stty: the exit code")
+  r = assert(victim:exec("wc -c", { stdin = "abc\n" }))
+  tap.like(r.stdout, "4\n$", "without stty: stdin after the secret line reaches the command")
+  tap.ok(not r.stdout:find("%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x"), "without stty: no secret in the output", r.stdout)
+  attacks(victim, "debian without stty")
+  victim:close()
+end
+
 st:stop()
 tap.done()

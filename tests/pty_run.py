@@ -1,16 +1,17 @@
 """Runs a command string as the SSM agent does (shlex split, exec without a
-shell, on a fresh PTY) and prints everything the PTY gave back. Bytes from the
-file argv[2] are written once the output contains argv[3] (a ready marker)."""
+shell, on a fresh PTY) and prints everything the PTY gave back. Then come
+pairs FILE MARKER: the bytes of each file are written once the output
+contains its marker, in order (the secret line after the ready marker,
+stdin after the stdin marker)."""
 import os, pty, shlex, sys
 
 argv = shlex.split(sys.argv[1])
-data = open(sys.argv[2], "rb").read() if len(sys.argv) > 2 else b""
-marker = sys.argv[3].encode() if len(sys.argv) > 3 else b""
+steps = [(open(sys.argv[i], "rb").read(), sys.argv[i + 1].encode()) for i in range(2, len(sys.argv) - 1, 2)]
 pid, fd = pty.fork()
 if pid == 0:
     os.execvp(argv[0], argv)
 out = b""
-sent = not data
+pos = 0  # each marker is looked for after the previous one
 while True:
     try:
         chunk = os.read(fd, 4096)
@@ -19,8 +20,9 @@ while True:
     if not chunk:
         break
     out += chunk
-    if not sent and marker in out:
+    while steps and out.find(steps[0][1], pos) >= 0:
+        data, marker = steps.pop(0)
+        pos = out.find(marker, pos) + len(marker)
         os.write(fd, data)
-        sent = True
 os.waitpid(pid, 0)
 sys.stdout.buffer.write(out)

@@ -97,7 +97,7 @@ end
 local r, text, sent = run {
   { expect = 2 },                                   -- the opening frame and the size message
   out(0, "a"), out(2, "c"), out(1, "b"), out(1, "b"), out(3, "d"),
-  { expect = 7 },                                   -- five acks
+  { expect = 8 },                                   -- the size again (see 7) and five acks
   closed("bye"),
   { sleep = 0.2 },
 }
@@ -112,7 +112,8 @@ tap.is(text, "abcd", "output is delivered in sequence order")
 tap.is(acks_of(sent), "0,2,1,1,3", "every message is acked: early ones at once, duplicates again")
 tap.is(r and r.reason, "closed", "channel_closed ends the session")
 tap.is(r and r.output, "bye", "with its Output")
-local ack = sent[3]
+local ack
+for _, m in ipairs(sent) do if not ack and m.message_type == "acknowledge" then ack = m end end
 tap.ok(ack.message_type == "acknowledge" and ack.sequence_number == 0 and ack.flags == 3 and ack.payload_type == 0,
   "acks: sequence 0, flags 3, payload type 0")
 tap.like(ack.payload, '^{"AcknowledgedMessageType":"output_stream_data","AcknowledgedMessageId":"%x+%-',
@@ -189,6 +190,22 @@ tap.is(r and r.code, "protocol", "a frame whose digest does not match fails the 
 -- 6. A dropped socket before channel_closed is 'disconnected'.
 r = run { { expect = 2 }, out(0, "partial"), { expect = 3 }, { drop = true } }
 tap.is(r and r.reason, "disconnected", "a socket that drops first is reported as disconnected")
+
+-- 7. The agent acks no input before its PTY is up (the size message sent at
+-- open, usually); its first output says it is up, so unacked input goes
+-- again at once, not an RTO later (here 5 s). Fargate waits for this: its
+-- secret line is sent after the first output and queues behind the size.
+local t0 = sbx.now()
+r, text, sent = run({
+  { expect = 2 },                                   -- open + size (seq 0), not acked
+  out(0, "ready"),
+  { expect = 4 },                                   -- the ack of 0 and the size again
+  closed(),
+}, { pol = { initial_rto = 5, max_rto = 5 } })
+local sizes = inputs(sent, 3)
+tap.is(#sizes, 2, "input turned away before the first output is sent again")
+tap.ok(sbx.now() - t0 < 2, "at the first output, not after the RTO", string.format("%.2f s", sbx.now() - t0))
+tap.is(sizes[2] and sizes[2].sequence_number, 0, "as the same message")
 
 os.execute("kill " .. server_pid .. " 2>/dev/null")
 tap.done()

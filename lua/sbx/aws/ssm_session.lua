@@ -191,6 +191,17 @@ end
 function Session:deliver(m)
   local pt = m.payload_type
   if pt == PAYLOAD.output or pt == PAYLOAD.stderr then
+    if not self.output_seen then
+      -- The agent acks no input before its PTY is up; output says it is up
+      -- now, so what it turned away goes again at once, not an RTO later.
+      self.output_seen = true
+      local now = core.now()
+      for _, u in ipairs(self.unacked) do
+        u.attempts = u.attempts + 1
+        u.sent = now
+        self:send_frame(u.frame)
+      end
+    end
     if self.on_output then self.on_output(m.payload, pt) end
   elseif pt == PAYLOAD.exit_code then
     self.exit_code = tonumber(m.payload:match("EXIT_CODE:%s*(%-?%d+)"))

@@ -2,16 +2,50 @@
 -- sleeps for the box's lifetime; commands run through ECS Exec, one SSM data
 -- channel each (sbx.aws.ssm_session). The box contract is box.lua's.
 --
--- Protocol facts (docs/aws-protocol.md 1.8): the agent execs the
--- command on a PTY without a shell and reports no exit status for ECS Exec,
--- so every command runs inside a small sh wrapper that
+-- Protocol facts (docs/aws-protocol.md 1.8): the agent execs the command
+-- on a PTY without a shell and reports no exit status for ECS Exec, so
+-- every command runs inside a small sh wrapper that
 --   1. puts the PTY in raw mode (no CR-LF translation, no echo, no signals
---      from input bytes) and prints a ready marker with stty's status,
---   2. runs the command with stdin from /dev/null, or from exactly N bytes of
---      the PTY when the caller gives stdin (sent only after the ready marker),
---   3. prints an exit marker with $?.
--- Both markers carry a per-command random nonce and are cut out of the
--- output; CR-LF is normalised only when stty was missing.
+--      from input bytes) and prints a ready marker with stty's status and a
+--      public per-command id,
+--   2. reads one line from the PTY: a secret of 128 random bits that sbx
+--      sends only after the ready marker, so echo is already off,
+--   3. runs the command in a subshell without the secret, with stdin from
+--      /dev/null, or from exactly N bytes of the PTY when the caller gives
+--      stdin (sent after a stdin marker that says the secret line is read),
+--   4. prints an exit marker with the secret and $? through the shell's
+--      builtin printf.
+-- The markers are cut out of the output, and so is the PTY's echo of the
+-- secret line where there is one (no stty); CR-LF is normalised only when
+-- stty was missing.
+--
+-- Why a secret read from the PTY: the exit marker is the only exit status
+-- there is, so whoever can print it can report any status (in an eval
+-- harness, a reward hack). Anything in an argv or an environment is
+-- readable by every process in the box (/proc/*/cmdline, /proc/*/environ),
+-- so the secret is in neither: not in the sh -c string, never exported,
+-- never an external command's argument. It exists only in the wrapper's
+-- shell variable and, on the way in, in the PTY's input queue, which the
+-- wrapper drains before the command starts. Only a marker with the secret
+-- counts, and only the first: markers printed later, by the command or by
+-- background processes, are ignored, and those printed earlier cannot know
+-- the secret.
+--
+-- What remains on this transport, because the command runs as the same user
+-- on the same PTY as the wrapper (the in-box agent planned in the transport
+-- issue, which reports exit statuses itself, closes these by construction):
+--   - a process of that user can read the wrapper's memory while the command
+--     runs (/proc/<pid>/mem, ptrace; a grep of the wrapper's heap finds the
+--     secret where Yama's ptrace_scope is 0 or absent), and so forge a marker;
+--   - a process left running by an earlier command can open the next
+--     command's PTY (/proc/<wrapper>/fd/0) and race the wrapper's read for
+--     the secret line (or stop the wrapper first), then print a marker
+--     with it;
+--   - any process can write to another command's PTY: a command's output is
+--     only as trustworthy as the box (the secret protects its exit status).
+-- And on any transport, root in the box (most images) can replace /bin/sh
+-- or put a stty or head early in PATH, and so own the later wrappers; on
+-- AWS the SSM agent itself runs in the task, where root can ptrace it.
 local M = {}
 
 local sbx = require "sbx"
@@ -522,14 +556,48 @@ local function shq(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
-local function wrapper(req, nonce)
-  local parts = { "stty raw -echo 2>/dev/null; s=$?; printf '__SBX_%s_R%d__' " .. nonce .. " \"$s\"" }
+-- The exit marker's secret: 128 bits from the kernel. Not box.random_id:
+-- math.random is xoshiro, whose state a command could work out from the
+-- SBX_JOB markers it sees in environments, and so predict the next secret.
+local urandom
+local function new_secret()
+  if not urandom then
+    local err
+    urandom, err = io.open("/dev/urandom", "rb")
+    if not urandom then return nil, "cannot read /dev/urandom: " .. tostring(err) end
+  end
+  local b = urandom:read(16)
+  if not b or #b ~= 16 then
+    urandom:close()
+    urandom = nil
+    return nil, "short read from /dev/urandom"
+  end
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+-- The wrapper's sh -c string; id is the public per-command id of the ready
+-- marker. The secret is not in it (see the top of this file).
+local function wrapper(req, id)
+  local parts = {
+    -- No allexport (bash takes it from SHELLOPTS), and no sbx_secret
+    -- imported from the environment: read must make a plain shell variable.
+    "set +a; unset sbx_secret",
+    "stty raw -echo 2>/dev/null; s=$?; printf '__SBX_%s_R%d__' " .. id .. " \"$s\"",
+    -- The command runs only once the secret is in.
+    "IFS= read -r sbx_secret || exit 125",
+  }
+  if req.stdin then
+    -- bash's read takes all the PTY has (it cannot seek back on a PTY), so
+    -- stdin is sent only once the secret line is read: after this marker.
+    parts[#parts + 1] = "printf '__SBX_%s_S__' " .. id
+  end
+  local inner = { "unset sbx_secret" }
   local exports = {}
   for _, kv in ipairs(req.env or {}) do
     local k, v = kv:match("^([%a_][%w_]*)=(.*)$")
     if k then exports[#exports + 1] = k .. "=" .. shq(v) end
   end
-  if #exports > 0 then parts[#parts + 1] = "export " .. table.concat(exports, " ") end
+  if #exports > 0 then inner[#inner + 1] = "export " .. table.concat(exports, " ") end
   local argv = {}
   for i, a in ipairs(req.argv) do argv[i] = shq(a) end
   local cmd = table.concat(argv, " ")
@@ -544,21 +612,35 @@ local function wrapper(req, nonce)
     -- The box's directory, as Docker boxes start there; never fatal.
     cmd = "{ cd " .. shq(req.workdir) .. " 2>/dev/null || true; } && " .. cmd
   end
-  parts[#parts + 1] = "{ " .. cmd .. "; }"
-  parts[#parts + 1] = "printf '__SBX_%s_E%d__' " .. nonce .. " \"$?\""
+  inner[#inner + 1] = cmd
+  -- A subshell without the secret: an argv that names a builtin (set, eval)
+  -- runs in it and finds nothing; the environment given by the caller cannot
+  -- overwrite the secret either.
+  parts[#parts + 1] = "( " .. table.concat(inner, "; ") .. " )"
+  -- printf must be the shell's builtin (dash, bash, busybox ash): an empty
+  -- PATH makes a shell without one fail here instead of putting the secret
+  -- in an external printf's argv.
+  parts[#parts + 1] = "s=$?; PATH=/dev/null printf '__SBX_%s_E%d__' \"$sbx_secret\" \"$s\""
   -- The agent splits the command like a POSIX shell and execs it directly.
   return "/bin/sh -c " .. shq(table.concat(parts, "; "))
 end
 M.wrapper = wrapper
 
--- Cuts the ready and exit markers out of the output. Holds back only the
--- bytes that could still be the start of a marker.
-local function marker_filter(nonce, emit, on_ready)
-  local ready_pat = "__SBX_" .. nonce .. "_R(%d+)__"
-  local exit_fixed = "__SBX_" .. nonce .. "_E"
-  local exit_pat = "__SBX_" .. nonce .. "_E(%d+)__"
-  local ready_fixed = "__SBX_" .. nonce .. "_R"
+-- Cuts the markers out of the output: the ready marker and the stdin
+-- marker (public id), the exit marker (secret), and the PTY's echo of the
+-- secret line where the PTY still echoed (no stty). Holds back only the
+-- bytes that could still be the start of one of them. Only a marker with
+-- the secret counts, and only the first: nothing after it is output.
+-- on_stdin, when given, fires at the stdin marker.
+local function marker_filter(id, secret, emit, on_ready, on_stdin)
+  local ready_pat = "__SBX_" .. id .. "_R(%d+)__"
+  local ready_fixed = "__SBX_" .. id .. "_R"
+  local stdin_marker = on_stdin and "__SBX_" .. id .. "_S__"
+  local exit_fixed = "__SBX_" .. secret .. "_E"
+  local exit_pat = "__SBX_" .. secret .. "_E(%d+)__"
+  local echo_line = secret .. "\r\n"
   local buf, state, crlf, held_cr = "", "pre", false, false
+  local echo_cut = false
   local fl = {}
 
   local function out(x)
@@ -585,6 +667,15 @@ local function marker_filter(nonce, emit, on_ready)
     return 0
   end
 
+  -- Length of the longest suffix of buf that may begin the echoed line.
+  local function partial_echo()
+    local n = #buf
+    for k = math.min(n, #echo_line - 1), 1, -1 do
+      if buf:sub(n - k + 1) == echo_line:sub(1, k) then return k end
+    end
+    return 0
+  end
+
   function fl.feed(bytes)
     if state == "done" then return end
     buf = buf .. bytes
@@ -602,7 +693,30 @@ local function marker_filter(nonce, emit, on_ready)
       crlf = st ~= "0"
       on_ready(crlf)
     end
+    if stdin_marker then
+      local si, sj = buf:find(stdin_marker, 1, true)
+      if si then
+        buf = buf:sub(1, si - 1) .. buf:sub(sj + 1)
+        stdin_marker = nil
+        on_stdin()
+      end
+    end
     local i, j, code = buf:find(exit_pat)
+    if not echo_cut then
+      -- The echo comes before the command's output (the wrapper reads the
+      -- line first), but a process writing to this PTY could put bytes in
+      -- front of it; so it is looked for anywhere before the exit marker.
+      local ei, ej = buf:find(secret, 1, true)
+      if ei and (not i or ei < i) then
+        local after = buf:sub(ej + 1, ej + 2)
+        local len = (after == "\r\n" and 2) or (after:sub(1, 1) == "\n" and 1) or nil
+        if len then
+          buf = buf:sub(1, ei - 1) .. buf:sub(ej + len + 1)
+          echo_cut = true
+          i, j, code = buf:find(exit_pat)
+        end
+      end
+    end
     if i then
       out(buf:sub(1, i - 1))
       fl.exit_code = tonumber(code)
@@ -610,6 +724,8 @@ local function marker_filter(nonce, emit, on_ready)
       return
     end
     local keep = partial(exit_fixed)
+    if stdin_marker then keep = math.max(keep, partial(stdin_marker)) end
+    if not echo_cut then keep = math.max(keep, partial_echo()) end
     out(buf:sub(1, #buf - keep))
     buf = buf:sub(#buf - keep + 1)
   end
@@ -646,23 +762,31 @@ function M.start(h, req)
   if req.user then
     return nil, "ECS Exec runs commands as the container's user; a per-command user is not supported on Fargate", "unsupported"
   end
-  local n = require("sbx.box").random_id()
+  local id = require("sbx.box").random_id()
+  local secret, serr0 = new_secret()
+  if not secret then return nil, serr0, "no_random" end
   if not req.cwd and h.f.workdir then
     local r2 = {}
     for k, v in pairs(req) do r2[k] = v end
     r2.workdir = h.f.workdir
     req = r2
   end
-  local out, err, code = execute(h, wrapper(req, n))
+  local out, err, code = execute(h, wrapper(req, id))
   if not out then return nil, err, code end
   local pol = h.f.ssm
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
   local job = { stream = sink, marker = req.marker, session_id = out.session and out.session.sessionId }
   local s
-  local filter = marker_filter(n, function(bytes) sink:push("stdout", bytes) end, function()
-    if req.stdin and #req.stdin > 0 then
-      core.spawn(function() s:send(req.stdin) end)
-    end
+  local secret_sent = core.event()
+  local filter = marker_filter(id, secret, function(bytes) sink:push("stdout", bytes) end, function()
+    -- Echo is off now (where stty exists).
+    core.spawn(function()
+      s:send(secret .. "\n")
+      secret_sent:set()
+    end)
+  end, req.stdin and function()
+    -- Never ahead of the secret line, even when the marker was forged.
+    if #req.stdin > 0 then core.spawn(function() secret_sent:wait() s:send(req.stdin) end) end
   end)
   local limit = req.chunk_limit or 1 << 20
   local serr, scode
