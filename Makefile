@@ -56,12 +56,13 @@ AGENT_CROSS ?= aarch64-linux-gnu-
 AGENT_FLAGS := -static -O2 -std=gnu11 $(WARN) -Isrc
 AGENT_ARCHES := x86_64 $(shell command -v $(AGENT_CROSS)gcc >/dev/null 2>&1 && echo aarch64)
 # Fuzz targets: fuzz/fuzz_<name>.c, and the codecs (src/<dep>.c) each links.
-FUZZ_NAMES          := demux http_head utf8 ssm sigv4
+FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent
 FUZZ_DEPS_demux     := demux
 FUZZ_DEPS_http_head := hijack demux
 FUZZ_DEPS_utf8      := capture
 FUZZ_DEPS_ssm       := ssm
 FUZZ_DEPS_sigv4     := sigv4
+FUZZ_DEPS_agent     := agent_proto sha256
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o $(BUILD)/agent_blob.o
 
 all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
