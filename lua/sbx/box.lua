@@ -2,7 +2,9 @@
 -- everywhere (option merging, the policy a box runs under, hooks and
 -- budgets, the exec loop with timeout and kill, output capture into
 -- results, background processes, files); a backend owns the box lifecycle
--- (create, destroy, reap) and the command transport (start, finish, kill).
+-- (create, destroy, restart, reap) and a transport (sbx.transports: the
+-- contract is written there) runs its commands: "agent" over one channel
+-- to sbx-agent, or "exec" through the backend's per-command functions.
 -- Backends are modules under sbx.backends with this shape:
 --   create(spec, pol) -> handle | nil, msg, code  destroy(handle, detached)
 --   start(handle, req) -> job | nil, msg, code     finish(handle, job) -> exit_code | nil, msg, code
@@ -40,6 +42,8 @@ function M.init(s)
     math.randomseed(string.unpack("<i8", b))
   end
 end
+
+local transports = require "sbx.transports"
 
 local function backend_module(name)
   local ok, mod = pcall(require, "sbx.backends." .. name)
@@ -110,7 +114,20 @@ function M.new(opts)
   if overlay then self.pol, self.pol_generation = pol, sbx.policy_generation end
   open[self.id] = { backend = backend, handle = handle }
   -- A backend may answer at the method level (sbx.backends.replay does).
-  if backend.bind then backend.bind(self, spec) end
+  if backend.bind then
+    backend.bind(self, spec)
+  else
+    local tmod, tstate, reason = transports.choose(self, pol)
+    if not tmod then
+      open[self.id] = nil
+      pcall(backend.destroy, handle, false, core.now() + pol.box.destroy_timeout)
+      if tr then tr.created(t0, spec, nil, tstate, reason) end
+      return nil, tstate, reason
+    end
+    self.tmod, self.tstate = tmod, tstate
+    self.transport, self.transport_reason = tmod.name, reason
+    open[self.id].transport = self
+  end
   if tr then tr.created(t0, spec, self) end
   return self
 end
@@ -143,6 +160,7 @@ function Box:close()
   for _, p in pairs(self.procs) do
     if p.job and p.job.stream then pcall(p.job.stream.close, p.job.stream) end
   end
+  if self.tmod then pcall(self.tmod.close, self.tstate) end
   return self.backend.destroy(self.handle, false, core.now() + self:policy().box.destroy_timeout)
 end
 Box.__close = Box.close
@@ -490,7 +508,7 @@ end
 local function kill_tree(self, pol, job, signal)
   local grace = pol.exec.kill_grace
   local deadline = core.now() + grace
-  local ok, err, code = self.backend.kill(self.handle, job, signal or "KILL", deadline)
+  local ok, err, code = self.tmod.kill(self.tstate, job, signal or "KILL", deadline)
   if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
   if job.stream:info().eof then return { kill_confirmed = true } end
   if code == "daemon_unresponsive" then
@@ -532,7 +550,7 @@ local function run_request(self, pol, treq, timeout, on_output, command)
   -- Creating the command is bounded by its own timeout: a daemon frozen
   -- before the call gives "daemon_unresponsive" then, not minutes later.
   treq.deadline = started + timeout
-  local job, err, code = self.backend.start(self.handle, treq)
+  local job, err, code = self.tmod.start(self.tstate, treq)
   if not job then return nil, err, code end
   job.started = job.started or started
   local stream = job.stream
@@ -570,7 +588,7 @@ local function run_request(self, pol, treq, timeout, on_output, command)
       stream:close()
       return nil, info.error, info.error_code
     end
-    local exit_code, ferr, fcode = self.backend.finish(self.handle, job, core.now() + pol.exec.kill_grace)
+    local exit_code, ferr, fcode = self.tmod.finish(self.tstate, job, core.now() + pol.exec.kill_grace)
     if exit_code == nil then return nil, ferr, fcode end
     fields.exit_code = exit_code
     if exit_code >= 128 and exit_code < 160 then fields.signal = exit_code - 128 end
@@ -666,7 +684,7 @@ function Box:spawn(command, opts)
   local treq = make_request(req, opts.stdin,
     { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 }, output = bpol.log }, false, pol)
   local started = core.now()
-  local job, jerr, jcode = self.backend.start(self.handle, treq)
+  local job, jerr, jcode = self.tmod.start(self.tstate, treq)
   if not job then return nil, jerr, jcode end
   job.started = job.started or started
   local p = {
@@ -684,7 +702,7 @@ function Box:spawn(command, opts)
       if info.error_code then
         p.status, p.error = "failed", info.error
       else
-        local exit_code, ferr = self.backend.finish(self.handle, job)
+        local exit_code, ferr = self.tmod.finish(self.tstate, job)
         if exit_code then
           p.status, p.exit_code = "exited", exit_code
         else
@@ -747,7 +765,7 @@ function Box:kill(name, signal)
   if not p then return nil, err, code end
   if p.status ~= "running" then return proc_view(p) end
   signal = signal or "KILL"
-  local ok, kerr, kcode = self.backend.kill(self.handle, p.job, signal)
+  local ok, kerr, kcode = self.tmod.kill(self.tstate, p.job, signal, core.now() + self:policy().exec.kill_grace)
   if not ok then return nil, kerr, kcode end
   if signal == "KILL" then
     p.status = "killed"
@@ -778,6 +796,10 @@ function Box:write_file(path, data, opts)
   if #data > pol.max_write then
     return nil, string.format("%d bytes is more than the policy's max_write (%d)", #data, pol.max_write), "too_large"
   end
+  if self.tmod.write_file then
+    local timeout = clamp_timeout(self:policy(), opts and opts.timeout)
+    return self.tmod.write_file(self.tstate, path, data, { make_parents = pol.make_parents }, core.now() + timeout)
+  end
   local script = pol.make_parents and 'mkdir -p "$(dirname "$1")" && cat > "$1"' or 'cat > "$1"'
   local r, err, code = M.helper_exec(self, { "sh", "-c", script, "sh", path },
     { stdin = data, timeout = opts and opts.timeout })
@@ -794,16 +816,19 @@ function Box:read_file(path, opts)
   if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
   local pol = self:policy()
   local max = (opts and opts.max_bytes) or pol.files.max_read
+  if self.tmod.read_file then
+    return self.tmod.read_file(self.tstate, path, max, core.now() + (opts and opts.timeout or pol.exec.timeout))
+  end
   local req = { argv = { "cat", "--", path }, env = {} }
   local treq = make_request(req, nil,
     { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } }, false, pol)
-  local job, err, code = self.backend.start(self.handle, treq)
+  local job, err, code = self.tmod.start(self.tstate, treq)
   if not job then return nil, err, code end
   job.stream:wait(opts and opts.timeout or pol.exec.timeout)
   local info = job.stream:info()
   if not info.eof then job.stream:close(); return nil, "timed out reading " .. path, "timeout" end
   if info.error_code then return nil, info.error, info.error_code end
-  local exit_code, ferr, fcode = self.backend.finish(self.handle, job)
+  local exit_code, ferr, fcode = self.tmod.finish(self.tstate, job)
   if not exit_code then return nil, ferr, fcode end
   local data, _, total = job.stream:captured("stdout")
   if exit_code ~= 0 then

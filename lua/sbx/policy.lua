@@ -63,6 +63,10 @@ policy.box = {
   reap_on_start = true,         -- remove boxes of dead sbx processes at the first create
   -- Seconds sbx.box{} may take, the daemon's answers and an image pull
   -- included; past it creation fails with "daemon_unresponsive".
+  -- How commands reach the box: "auto" (sbx-agent, one channel for every
+  -- command, where it can be placed; else "exec"), "agent" (fail if it
+  -- cannot be placed) or "exec" (one backend command per command).
+  transport = "auto",
   create_timeout = 300,
   -- Seconds box:close() (and every box at exit) may take; past it the box
   -- is left to a background retry and to `sbx reap`. Exit never hangs on a
@@ -98,6 +102,16 @@ policy.exec = {
   -- When the kill cannot run (a fork bomb fills the pids limit) the box is
   -- restarted: every process in it dies, its files stay.
   on_unkillable = "restart",    -- "restart" | "leave"
+}
+
+-- sbx-agent, the in-box program of the agent transport.
+policy.agent = {
+  start_timeout = 30,           -- seconds to place it and hear its hello
+  window = 256 * KiB,           -- bytes in flight per stream (output, stdin) before the sender waits
+  channel_buffer = 1 * MiB,     -- channel bytes read ahead of the frame reader; then the socket pauses
+  stdin_chunk = 64 * KiB,       -- bytes of stdin per frame
+  ping_interval = 30,           -- seconds of silence before a keep-alive ping
+  ping_timeout = 15,            -- seconds a ping may go unanswered before the agent counts as lost
 }
 
 -- Background processes.

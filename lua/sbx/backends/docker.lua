@@ -139,12 +139,23 @@ local function urlq(s) return http.escape(s) end
 
 -- Images ------------------------------------------------------------------
 
+-- What sbx keeps of an image: its architecture (for the agent) and its
+-- default user (the agent runs commands as that user).
+local function image_facts(inspect)
+  local cfg = type(inspect) == "table" and type(inspect.Config) == "table" and inspect.Config or {}
+  return {
+    arch = type(inspect) == "table" and inspect.Architecture or nil,
+    user = type(cfg.User) == "string" and cfg.User ~= "" and cfg.User or nil,
+  }
+end
+
 local function ensure_image(d, image, pull, deadline)
   if d.images[image] and pull ~= "always" then return true end
   if pull ~= "always" then
-    local st, _, code = call(d, "GET", "/images/" .. urlq(image) .. "/json", nil, { deadline = deadline })
-    if st then d.images[image] = true return true end
-    if code ~= "not_found" then return nil, _, code end
+    local st, body, code = call(d, "GET", "/images/" .. urlq(image) .. "/json", nil, { deadline = deadline })
+    if st then d.images[image] = image_facts(body) return true end
+    local _ = body
+    if code ~= "not_found" then return nil, body, code end
     if pull == "never" then
       return nil, string.format("image '%s' is not on the daemon and policy says pull = \"never\"", image), "image_unavailable"
     end
@@ -170,7 +181,8 @@ local function ensure_image(d, image, pull, deadline)
   if failure then
     return nil, string.format("image '%s' is not available locally and could not be pulled: %s", image, tostring(failure):gsub("%s+$", "")), "image_unavailable"
   end
-  d.images[image] = true
+  local st, body = call(d, "GET", "/images/" .. urlq(image) .. "/json", nil, { deadline = deadline })
+  d.images[image] = image_facts(st and body)
   return true
 end
 
@@ -505,7 +517,8 @@ function M.create(spec, pol_)
     if scode == "daemon_unresponsive" then sweep(d, name) else remove() end
     return nil, "cannot start the box: " .. serr, scode
   end
-  local h = { id = body.Id, name = name, daemon = d, jobs = setmetatable({}, { __mode = "k" }) }
+  local h = { id = body.Id, name = name, daemon = d, jobs = setmetatable({}, { __mode = "k" }),
+    image = spec.image, read_only = spec.read_only and true or false }
   if spec.disk then
     h.limits = { disk = disk_entry(d) }
     if not d.disk_quota then watch(h, spec.disk) end
@@ -687,6 +700,86 @@ function M.host_kill(h, job, deadline)
   end
   for _, pid in ipairs(list) do core.proc.signal(pid, "CONT") end
   return n
+end
+
+-- The agent's channel ------------------------------------------------------------------
+
+local ARCH = { amd64 = "x86_64", x86_64 = "x86_64", arm64 = "aarch64", aarch64 = "aarch64" }
+
+-- A one-file ustar archive (PUT /containers/{id}/archive takes a tar).
+local function tar_one(name, data, mode)
+  local function octal(n, width) return string.format("%0" .. (width - 1) .. "o", n) .. "\0" end
+  local header = name .. string.rep("\0", 100 - #name) .. octal(mode, 8) .. octal(0, 8) .. octal(0, 8)
+    .. octal(#data, 12) .. octal(os.time(), 12) .. "        " .. "0" .. string.rep("\0", 100)
+    .. "ustar\0" .. "00" .. string.rep("\0", 32) .. string.rep("\0", 32) .. octal(0, 8) .. octal(0, 8)
+    .. string.rep("\0", 155)
+  header = header .. string.rep("\0", 512 - #header)
+  local sum = 0
+  for i = 1, 512 do sum = sum + header:byte(i) end
+  header = header:sub(1, 148) .. string.format("%06o\0 ", sum) .. header:sub(157)
+  local pad = (512 - #data % 512) % 512
+  return header .. data .. string.rep("\0", pad) .. string.rep("\0", 1024)
+end
+M.tar_one = tar_one
+
+-- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra |
+-- nil, reason, code. Places a fresh sbx-agent for the image's architecture
+-- (a new random path each time: a copy left in the box is never trusted):
+-- through the archive API where the root is writable, else through a shell
+-- into a fresh temporary directory. Then runs it as root (so it can start
+-- commands as any user) on an attached exec whose pipes are the channel.
+-- The channel's pipes belong to the agent alone: no frame authentication.
+function M.agent_channel(h, opts)
+  local d, deadline = h.daemon, opts.deadline
+  if h.frozen then return nil, h.frozen.message, h.frozen.code end
+  local facts = type(d.images[h.image]) == "table" and d.images[h.image] or {}
+  local arch = ARCH[facts.arch or "amd64"]
+  if not arch then
+    return nil, string.format("the image is for %s, and sbx carries no agent for it", tostring(facts.arch)), "unsupported"
+  end
+  local bin = core.agent.binary(arch)
+  if not bin then return nil, "this build of sbx carries no agent for " .. arch, "unsupported" end
+  local argv, preface
+  local path = "/.sbx-agent-" .. string.format("%016x", math.random(0))
+  if not h.read_only then
+    local r, err = http.request {
+      url = d.prefix .. "/containers/" .. h.id .. "/archive?path=/", method = "PUT",
+      unix_socket = d.unix_socket, headers = { ["Content-Type"] = "application/x-tar" },
+      body = tar_one(path:sub(2), bin, tonumber("700", 8)),
+      timeout = M.seconds_left(deadline, pol().api_timeout),
+    }
+    if r and r.status < 300 then argv = { path } end
+    if not r and err then
+      return nil, "cannot place the agent: " .. tostring(err), "daemon_unresponsive"
+    end
+  end
+  if not argv then
+    -- A read-only root: a fresh private directory where the box may write.
+    argv = { "sh", "-c", 'umask 077; d=$(mktemp -d 2>/dev/null) || exit 125; head -c ' .. #bin ..
+      ' > "$d/a" && chmod 700 "$d/a" && exec "$d/a"' }
+    preface = bin
+  end
+  local req = { argv = argv, env = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" },
+    user = "0", stdin = "" }
+  local id, err, code = exec_create(h, req, deadline)
+  if not id then return nil, err, code end
+  local body = '{"Detach":false,"Tty":false}'
+  local ch = core.stream.open {
+    unix_socket = d.unix_socket, host = d.host, port = d.port, keep_open = true,
+    request = table.concat {
+      "POST /v", d.api, "/exec/", id, "/start HTTP/1.1\r\n", "Host: docker\r\n",
+      "Content-Type: application/json\r\n", "Content-Length: ", #body, "\r\n",
+      "Connection: close\r\n\r\n", body,
+    },
+    chunks = true, chunk_limit = opts.pol.agent.channel_buffer,
+    capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } },
+  }
+  if preface then ch:write(preface) end
+  -- A frozen box (disk past its limit) ends the channel with its code.
+  h.channel_job = { stream = ch }
+  if h.jobs then h.jobs[h.channel_job] = true end
+  h.channel = ch
+  return ch, false, { default_user = facts.user }
 end
 
 -- Reaper ----------------------------------------------------------------------------
