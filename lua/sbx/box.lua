@@ -656,32 +656,63 @@ function Box:write_file(path, data, opts)
   return true
 end
 
--- box:read_file(path) -> bytes | nil, message, code
+-- box:read_file(path, opts) -> bytes | nil, message, code
+-- opts: max_bytes (policy files.max_read), timeout (policy exec.timeout).
+-- Some files never end (/dev/zero, a FIFO, a file growing as it is read):
+-- reading stops once more than max_bytes have arrived ("too_large") or at
+-- the timeout ("timeout"), and then the reader's processes in the box are
+-- killed, so no cat outlives the call.
 function Box:read_file(path, opts)
   check_open(self)
   if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
   local pol = self:policy()
   local max = (opts and opts.max_bytes) or pol.files.max_read
+  local timeout = (opts and opts.timeout) or pol.exec.timeout
   local req = { argv = { "cat", "--", path }, env = {} }
+  -- Chunks on, so each arrival wakes this task and the count is seen at
+  -- once; the queued copies are dropped, the capture keeps the bytes.
   local treq = make_request(req, nil,
-    { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } }, false, pol)
+    { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } }, true, pol)
   local job, err, code = self.backend.start(self.handle, treq)
   if not job then return nil, err, code end
-  job.stream:wait(opts and opts.timeout or pol.exec.timeout)
-  local info = job.stream:info()
-  if not info.eof then job.stream:close(); return nil, "timed out reading " .. path, "timeout" end
+  local stream = job.stream
+  local deadline = core.now() + timeout
+  -- The stream is closed first: a daemon still pushing bytes into a stream
+  -- nobody reads holds up the exit of every exec in the box, the kill's too.
+  local function stop()
+    stream:close()
+    pcall(self.backend.kill, self.handle, job, "KILL")
+  end
+  local ok, ev = pcall(function()
+    while true do
+      local left = deadline - core.now()
+      local e = left > 0 and stream:wait(left) or "timeout"
+      if e == "data" then stream:take(true) end
+      if stream:info().stdout_bytes > max then return "too_large" end
+      if e ~= "data" then return e end
+    end
+  end)
+  if not ok then
+    -- Cancelled or interrupted: the reader must not outlive the call.
+    stop()
+    error(ev, 0)
+  end
+  if ev == "too_large" then
+    stop()
+    return nil, string.format("%s has more than the %d bytes allowed by policy (files.max_read)", path, max), "too_large"
+  elseif ev == "timeout" then
+    stop()
+    return nil, "timed out reading " .. path, "timeout"
+  end
+  local info = stream:info()
   if info.error_code then return nil, info.error, info.error_code end
   local exit_code, ferr, fcode = self.backend.finish(self.handle, job)
   if not exit_code then return nil, ferr, fcode end
-  local data, _, total = job.stream:captured("stdout")
   if exit_code ~= 0 then
-    local msg = job.stream:captured("stderr")
+    local msg = stream:captured("stderr")
     return nil, string.format("cannot read %s: %s", path, (msg:gsub("%s+$", ""))), "not_found"
   end
-  if total > max then
-    return nil, string.format("%s has more than the %d bytes allowed by policy (files.max_read)", path, max), "too_large"
-  end
-  return data
+  return (stream:captured("stdout"))
 end
 
 -- Tools for a model bound to this box.
