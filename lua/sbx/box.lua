@@ -89,6 +89,8 @@ function M.new(opts)
     spec = spec,
     procs = {},            -- name -> process record
     proc_order = {},       -- names in start order
+    finished = {},         -- records of ended processes whose logs are kept, oldest first
+    retained_bytes = 0,    -- host memory those logs hold (policy.background.retain_bytes)
     counter = 0,
     closed = false,
     overlay = overlay,     -- this box's policy overlay, if any
@@ -126,7 +128,7 @@ function Box:close()
   self.closed = true
   open[self.id] = nil
   for _, p in pairs(self.procs) do
-    if p.job and p.job.stream then pcall(p.job.stream.close, p.job.stream) end
+    if p.job and p.job.stream then pcall(p.job.stream.release, p.job.stream) end
   end
   return self.backend.destroy(self.handle)
 end
@@ -491,6 +493,14 @@ end
 
 -- Background processes ----------------------------------------------------------
 
+-- Bytes a process has printed (stdout and stderr), kept or not.
+local function output_bytes(p)
+  if p.output_bytes then return p.output_bytes end
+  if not p.job then return 0 end
+  local info = p.job.stream:info()
+  return info.stdout_bytes + info.stderr_bytes
+end
+
 local function proc_view(p)
   return {
     name = p.name,
@@ -500,8 +510,36 @@ local function proc_view(p)
     error = p.error,
     started = p.started,
     elapsed = (p.ended or core.now()) - p.started,
-    output_bytes = p.job and select(3, p.job.stream:captured("output")) or 0,
+    output_bytes = output_bytes(p),
+    evicted = p.evicted,
   }
+end
+
+-- Frees a finished process's log for real (the C buffers now, not at the
+-- next collection); its record stays, with its byte count.
+local function evict(self, p)
+  if p.evicted or not p.job then return end
+  p.output_bytes = output_bytes(p)
+  p.job.stream:release()
+  p.job, p.evicted = nil, true
+  self.retained_bytes = self.retained_bytes - (p.held or 0)
+  for i, q in ipairs(self.finished) do
+    if q == p then table.remove(self.finished, i) break end
+  end
+end
+
+-- The logs of finished processes share one budget per box
+-- (policy.background.retain_bytes): a process that ends adds its log, and
+-- the oldest finished logs are freed until the rest fit.
+local function retain(self, p, pol)
+  if self.closed or not p.job then return end
+  p.held = p.job.stream:info().held_bytes
+  self.retained_bytes = self.retained_bytes + p.held
+  self.finished[#self.finished + 1] = p
+  local budget = pol.background.retain_bytes
+  while self.retained_bytes > budget and self.finished[1] do
+    evict(self, self.finished[1])
+  end
 end
 
 -- box:spawn(command, opts) -> name | nil, message, code
@@ -541,7 +579,8 @@ function Box:spawn(command, opts)
     name = name, command = type(command) == "table" and table.concat(command, " ") or command,
     status = "running", started = core.now(), job = job, done = core.event(),
   }
-  if not self.procs[name] then self.proc_order[#self.proc_order + 1] = name end
+  local old = self.procs[name]
+  if old then evict(self, old) else self.proc_order[#self.proc_order + 1] = name end
   self.procs[name] = p
   -- A watcher per process: learns the exit code as soon as the stream ends.
   core.spawn(function()
@@ -562,6 +601,7 @@ function Box:spawn(command, opts)
     end
     local view = proc_view(p)
     account(self, view.elapsed, view.output_bytes)
+    retain(self, p, self:policy())
     p.done:set()
     if not self.closed then after_exec(self, self:policy(), req, view) end
   end)
@@ -587,23 +627,33 @@ local function get_proc(self, name)
 end
 
 -- box:output(name, {offset=0, max_bytes=}) -> { text, offset, next_offset, skipped, total, process }
+-- An offset past the end reads nothing (next_offset is the end); max_bytes
+-- beyond what the log keeps reads what it keeps. The log of a finished
+-- process freed by policy.background.retain_bytes is nil, message, "evicted".
 function Box:output(name, opts)
   check_open(self)
   opts = opts or {}
+  if type(opts) ~= "table" then error("output options must be a table", 2) end
+  local pol = self:policy()
+  local offset, max = opts.offset or 0, opts.max_bytes or pol.background.read_max
+  if type(offset) ~= "number" or offset ~= offset or offset < 0 then error("offset must be a number >= 0", 2) end
+  if type(max) ~= "number" or max ~= max or max < 1 then error("max_bytes must be a number >= 1", 2) end
   local p, err, code = get_proc(self, name)
   if not p then return nil, err, code end
-  local offset = opts.offset or 0
-  local max = opts.max_bytes or self:policy().background.read_max
+  if p.evicted then return nil, pol.format_evicted(proc_view(p), pol), "evicted" end
+  local total = output_bytes(p)
+  offset = math.floor(math.min(offset, total))
+  max = math.floor(math.min(max, math.max(total - offset, 1)))
   local bytes, next_offset, skipped = p.job.stream:read("output", offset, max)
   -- Never hand out half a character: keep it for the next read.
   local whole, held = sbx.text.head_cut(bytes)
-  if p.status ~= "running" and next_offset >= select(3, p.job.stream:captured("output")) then held = 0; whole = bytes end
+  if p.status ~= "running" and next_offset >= total then held = 0; whole = bytes end
   return {
     text = (sbx.text.sanitize(whole)),
     offset = offset,
     skipped = skipped,
     next_offset = next_offset - held,
-    total = select(3, p.job.stream:captured("output")),
+    total = total,
     process = proc_view(p),
   }
 end

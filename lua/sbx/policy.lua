@@ -81,6 +81,11 @@ policy.background = {
   name_pattern = "^[%w][%w_.%-]*$",
   max_name_length = 64,
   read_max = 64 * KiB,          -- default bytes per output read
+  -- Host memory for the logs of finished processes, per box: past it the
+  -- logs of the oldest finished ones are freed (their status, exit code
+  -- and byte count stay; reading one gives "evicted"). Running processes
+  -- keep their logs whatever this says. 0 frees each log when it ends.
+  retain_bytes = 16 * MiB,
 }
 
 -- Files moved in and out of a box.
@@ -334,6 +339,13 @@ function policy.format_process_output(o, pol)
   lines[#lines + 1] = o.text ~= "" and o.text or "(no new output)"
   lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", pol.status_text(o.process, pol), o.next_offset, o.total)
   return table.concat(lines, "\n")
+end
+
+-- Reading the log of a finished process that retain_bytes freed.
+function policy.format_evicted(p, pol)
+  pol = live(pol)
+  return string.format("the output of process '%s' (%s, %d bytes) is no longer kept: a box keeps at most %d bytes of logs of finished processes (policy.background.retain_bytes) and frees the oldest first. To keep a command's output, redirect it to a file in the box (for example: command > /tmp/%s.log 2>&1) and read that file.",
+    p.name, pol.status_text(p, pol), p.output_bytes, pol.background.retain_bytes, p.name)
 end
 
 function policy.format_killed(p, pol)

@@ -76,6 +76,7 @@ local RULES = {
   ["background.log"] = PART,
   ["background.max_name_length"] = int { gt = 0 },
   ["background.read_max"] = int { gt = 0 },
+  ["background.retain_bytes"] = SIZE,
   ["files.max_read"] = SIZE,
   ["files.max_write"] = SIZE,
   ["mcp.progress_interval"] = POS,
