@@ -183,6 +183,40 @@ local function env_list(map)
   return list
 end
 
+-- What a command is made of reaches the box as C strings, where a NUL byte
+-- would cut it short: such a request is refused, never changed. Env names
+-- are what a shell can export. Returns nil or the message of the first
+-- problem.
+local ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+
+local function request_problem(req)
+  if type(req.command) == "string" and req.command:find("\0", 1, true) then
+    return string.format("the command contains a NUL byte (at byte %d)", req.command:find("\0", 1, true))
+  end
+  for i, a in ipairs(req.argv) do
+    if a:find("\0", 1, true) then return string.format("argument %d of the command contains a NUL byte", i) end
+  end
+  for k, v in pairs(req.env) do
+    if type(k) ~= "string" or not k:match(ENV_NAME) then
+      return string.format("env name %s is not a valid name (letters, digits and '_', not starting with a digit)",
+        type(k) == "string" and string.format("%q", k) or tostring(k))
+    end
+    if v ~= false and tostring(v):find("\0", 1, true) then return string.format("env %s contains a NUL byte", k) end
+  end
+  if req.cwd ~= nil and type(req.cwd) ~= "string" then return "cwd must be a string" end
+  if req.user ~= nil and type(req.user) ~= "string" and math.type(req.user) ~= "integer" then
+    return "user must be a name or a numeric id"
+  end
+  for _, f in ipairs { "cwd", "user" } do
+    if req[f] ~= nil and tostring(req[f]):find("\0", 1, true) then return f .. " contains a NUL byte" end
+  end
+end
+
+local function check_path(path, level)
+  if type(path) ~= "string" or path == "" then error("path must be a non-empty string", level + 1) end
+  if path:find("\0", 1, true) then error("path must not contain a NUL byte", level + 1) end
+end
+
 -- Turns one captured stream into { head, tail, omitted, bytes } of valid UTF-8.
 local function capture_part(stream, name)
   local head, tail, total, omitted = stream:captured(name)
@@ -274,7 +308,7 @@ local function describe(self, pol, command, opts, background)
   local source = opts.source or (background and "spawn" or "exec")
   if not SOURCES[source] then error("source must be exec, spawn, tool, harness or session", 3) end
   if opts.stdin ~= nil and type(opts.stdin) ~= "string" then error("stdin must be a string of bytes", 3) end
-  return {
+  local req = {
     command = command,
     argv = command_argv(self, pol, command, opts.shell),
     env = env_map(pol.exec.env, opts.env),
@@ -285,6 +319,9 @@ local function describe(self, pol, command, opts, background)
     background = background,
     source = source,
   }
+  local problem = request_problem(req)
+  if problem then error(problem, 3) end
+  return req
 end
 
 -- The first budget a box has used up: which, used, limit.
@@ -308,6 +345,8 @@ local function take_changed(self, pol, orig, new)
   if type(r.argv) ~= "table" or #r.argv == 0 then error("hooks.before_exec: argv must be a non-empty list", 0) end
   for i, a in ipairs(r.argv) do r.argv[i] = tostring(a) end
   if type(r.env) ~= "table" then error("hooks.before_exec: env must be a table of NAME = value", 0) end
+  local problem = request_problem(r)
+  if problem then error("hooks.before_exec: " .. problem, 0) end
   if not orig.background then r.timeout = clamp_timeout(pol, r.timeout) end
   r.background, r.source, r.stdin_bytes = orig.background, orig.source, orig.stdin_bytes
   return r
@@ -690,7 +729,7 @@ end
 -- stdin, which works on read-only roots and tmpfs mounts alike.
 function Box:write_file(path, data, opts)
   check_open(self)
-  if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
+  check_path(path, 2)
   if type(data) ~= "string" then error("data must be a string", 2) end
   local pol = self:policy().files
   if #data > pol.max_write then
@@ -714,7 +753,7 @@ end
 -- killed, so no cat outlives the call.
 function Box:read_file(path, opts)
   check_open(self)
-  if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
+  check_path(path, 2)
   local pol = self:policy()
   local max = (opts and opts.max_bytes) or pol.files.max_read
   local timeout = (opts and opts.timeout) or pol.exec.timeout
