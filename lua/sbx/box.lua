@@ -258,6 +258,8 @@ function M.build_result(job, fields, pol)
   r.stdout_bytes = r.parts.stdout.bytes
   r.stderr_bytes = r.parts.stderr.bytes
   r.truncated = r.parts.stdout.omitted > 0 or r.parts.stderr.omitted > 0 or r.parts.output.omitted > 0
+  -- Set by a backend's finish when the OOM killer ended the command.
+  if job.oom_killed then r.oom_killed, r.memory_limit = true, job.memory_limit end
   return r
 end
 
@@ -352,6 +354,23 @@ local function take_changed(self, pol, orig, new)
   return r
 end
 
+-- A string of the request longer than the box's kernel execs: the message
+-- saying which, or nil.
+local function too_long(req, pol)
+  local limit = pol.exec.max_arg_bytes
+  for i, a in ipairs(req.argv) do
+    if #a > limit then
+      local which = (type(req.command) == "string" and a == req.command) and "command" or "argument " .. i
+      return pol.format_arg_too_long(which, #a, pol)
+    end
+  end
+  for k, v in pairs(req.env) do
+    if v ~= false and #k + 1 + #tostring(v) > limit then
+      return pol.format_arg_too_long("env " .. k, #k + 1 + #tostring(v), pol)
+    end
+  end
+end
+
 -- Admission of a user command: budgets, then policy.hooks.before_exec.
 -- Returns the request to run, or nil, message, code. A refused command
 -- counts against no budget; an admitted one counts as a command at once.
@@ -367,6 +386,8 @@ local function admit(self, pol, req)
       req = take_changed(self, pol, req, verdict)
     end
   end
+  local long = too_long(req, pol)
+  if long then return nil, long, "exec_failed" end
   local seconds = pol.budget and pol.budget.seconds
   if seconds and req.timeout and seconds - self.usage.seconds < req.timeout then
     req.timeout = seconds - self.usage.seconds
@@ -425,6 +446,13 @@ function M.kill_request(signal, marker)
   }
 end
 
+-- A stream's transport failure in the backend's words (Docker: a socket
+-- that is gone or refuses is "daemon_unavailable"): message, code.
+local function stream_failure(self, info)
+  if self.backend.stream_error then return self.backend.stream_error(self.handle, info) end
+  return info.error, info.error_code
+end
+
 -- Kills a job's whole process tree; falls back to restarting the box when
 -- the kill cannot run. Returns what happened for the result.
 local function kill_tree(self, pol, job, signal)
@@ -479,7 +507,7 @@ local function run_request(self, pol, treq, timeout, on_output, command)
     local info = stream:info()
     if info.error_code then
       stream:close()
-      return nil, info.error, info.error_code
+      return nil, stream_failure(self, info)
     end
     local exit_code, ferr, fcode = self.backend.finish(self.handle, job)
     if exit_code == nil then return nil, ferr, fcode end
@@ -551,6 +579,8 @@ local function proc_view(p)
     elapsed = (p.ended or core.now()) - p.started,
     output_bytes = output_bytes(p),
     evicted = p.evicted,
+    oom_killed = p.oom_killed,
+    memory_limit = p.memory_limit,
   }
 end
 
@@ -628,12 +658,14 @@ function Box:spawn(command, opts)
     if p.status == "running" then
       local info = job.stream:info()
       if info.error_code then
-        p.status, p.error = "failed", info.error
+        p.status, p.error = "failed", (stream_failure(self, info))
       else
         local exit_code, ferr = self.backend.finish(self.handle, job)
-        if exit_code then
+        -- box:kill may have said "killed" while finish waited on the daemon.
+        if p.status == "running" and exit_code then
           p.status, p.exit_code = "exited", exit_code
-        else
+          p.oom_killed, p.memory_limit = job.oom_killed, job.memory_limit
+        elseif p.status == "running" then
           p.status, p.error = "failed", ferr
         end
       end
@@ -794,7 +826,7 @@ function Box:read_file(path, opts)
     return nil, "timed out reading " .. path, "timeout"
   end
   local info = stream:info()
-  if info.error_code then return nil, info.error, info.error_code end
+  if info.error_code then return nil, stream_failure(self, info) end
   local exit_code, ferr, fcode = self.backend.finish(self.handle, job)
   if not exit_code then return nil, ferr, fcode end
   if exit_code ~= 0 then

@@ -43,7 +43,7 @@ local function ordered(t, keys)
 end
 
 local RESULT_KEYS = { "id", "status", "passed", "reason", "error", "code", "duration", "started_at", "start_offset", "phases" }
-local PHASE_KEYS = { "exit_code", "timed_out", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "refused", "value", "output" }
+local PHASE_KEYS = { "exit_code", "timed_out", "oom_killed", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "refused", "value", "output" }
 
 -- Tasks ---------------------------------------------------------------------
 
@@ -192,6 +192,7 @@ local function summarize(sbx, r, pol)
     stdout_bytes = r.stdout_bytes,
     stderr_bytes = r.stderr_bytes,
     signal = r.signal,
+    oom_killed = r.oom_killed,
   }
   if r.parts and r.parts.output then
     p.output = pol.format_output(r.parts.output, pol)
@@ -325,7 +326,7 @@ local function task_body(sbx, box, task, res)
     if refused then res.reason = "run refused by the policy (" .. refused .. "): " .. p.value; return false end
     if p.timed_out then res.reason = "run timed out"; return false end
     if task.check == nil then
-      if not ok then res.reason = "run exited " .. tostring(p.exit_code) end
+      if not ok then res.reason = "run exited " .. tostring(p.exit_code) .. (p.oom_killed and " (out of memory)" or "") end
       return ok
     end
   end

@@ -83,6 +83,7 @@ local RULES = {
   ["exec.env"] = ENV,
   ["exec.capture"] = rule({ "table" }, { fields = { stdout = PART, stderr = PART, output = PART } }),
   ["exec.chunk_limit"] = int { gt = 0 },
+  ["exec.max_arg_bytes"] = int { gt = 0 },
   ["exec.on_unkillable"] = str { enum = { "restart", "leave" } },
   ["background.log"] = PART,
   ["background.max_name_length"] = int { gt = 0 },
