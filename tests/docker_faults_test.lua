@@ -30,12 +30,15 @@ tap.is(code, "exec_failed", "a 200 kB argument is refused before it starts")
 tap.like(err, "argument 2 is 200000 bytes", "saying which argument and its size")
 tap.is(box.usage.commands, used, "and counts against no budget")
 
--- Without sbx's own check, the daemon's refusal of the 10 MB command.
-local nbox = H.box { policy = { exec = { max_arg_bytes = 2 ^ 30 } } }
-r, err, code = nbox:exec(huge)
-tap.is(code, "exec_failed", "the daemon's own refusal of a 10 MB command is exec_failed, not exit 126")
-tap.like(err, "^the daemon could not start the command: .*message", "in the daemon's words (" .. tostring(err):sub(1, 100) .. ")")
-nbox:close()
+-- Without sbx's own check, Docker's refusal of the 10 MB command (Podman
+-- hands it to the kernel, whose refusal is the exit 1 that check avoids).
+if not box.handle.daemon.podman then
+  local nbox = H.box { policy = { exec = { max_arg_bytes = 2 ^ 30 } } }
+  r, err, code = nbox:exec(huge)
+  tap.is(code, "exec_failed", "the daemon's own refusal of a 10 MB command is exec_failed, not exit 126")
+  tap.like(err, "^the daemon could not start the command: .*message", "in the daemon's words (" .. tostring(err):sub(1, 100) .. ")")
+  nbox:close()
+end
 
 -- A command's own 126 stays a result.
 r = assert(box:exec("/etc/passwd"))

@@ -366,6 +366,22 @@ local function oom_check(h, job)
   if n > seen then job.oom_killed, job.memory_limit = true, limit end
 end
 
+-- What the daemon said when it could not start a finished exec's process,
+-- or nil when the process ran (and its exit code is its own, 126 too).
+-- Docker: exit 126 with no process (Pid 0), its reason in the stream.
+-- Podman forgets the Pid of every finished exec: its runtime's failure is
+-- exit 126 or 127 with the runtime's "Error: ...: OCI ..." on stderr.
+local function never_started(h, r, job)
+  local said = job.stream:captured("output")
+  if said == "" then said = job.stream:captured("stderr") .. job.stream:captured("stdout") end
+  said = said:gsub("%s+$", "")
+  if not h.daemon.podman then
+    if r.ExitCode == 126 and r.Pid == 0 then return said end
+  elseif (r.ExitCode == 126 or r.ExitCode == 127) and said:match("^Error: [%w%-]+: ") and said:find(": OCI ", 1, true) then
+    return said
+  end
+end
+
 -- finish(handle, job) -> exit code, read once the stream has ended. The
 -- daemon forgets finished execs after minutes, so callers keep the value.
 -- A command the daemon could not start (it says exit 126 but never had a
@@ -389,12 +405,9 @@ function M.finish(h, job)
     end
     -- Podman reports ExitCode 0 while running: trust Running first.
     if not r.Running and r.ExitCode ~= json.null and r.ExitCode ~= nil then
-      if r.ExitCode == 126 and r.Pid == 0 then
-        -- The daemon wrote its reason into the stream.
-        local said = job.stream:captured("output")
-        if said == "" then said = job.stream:captured("stdout") end
-        said = said:gsub("%s+$", "")
-        return nil, "the daemon could not start the command: " .. (said ~= "" and said or "exit 126 without a process"),
+      local refused = never_started(h, r, job)
+      if refused then
+        return nil, "the daemon could not start the command: " .. (refused ~= "" and refused or "exit 126 without a process"),
           "exec_failed"
       end
       if r.ExitCode == 137 then oom_check(h, job) end
