@@ -59,6 +59,10 @@ tap.is(box:read_file("/tmp/exact", { max_bytes = 4096 }), string.rep("x", 4096),
 data, err, code = box:read_file("/tmp/exact", { max_bytes = 4095 })
 tap.is(code, "too_large", "one byte over is too_large")
 tap.is(box:read_file("/etc/hostname") ~= nil, true, "ordinary reads still work")
+tap.checkerr("max_bytes must be a number >= 0", box.read_file, box, "/etc/hostname", { max_bytes = -1 })
+tap.checkerr("timeout must be a positive number", box.read_file, box, "/etc/hostname", { timeout = 0 / 0 })
+tap.is(box:read_file("/tmp/exact", { max_bytes = 2 ^ 12 }), string.rep("x", 4096), "a float max_bytes (2^12) is fine")
+tap.is(box:read_file("/tmp/exact", { max_bytes = math.huge }), string.rep("x", 4096), "so is math.huge")
 
 box:close()
 tap.done()

@@ -789,6 +789,9 @@ function Box:read_file(path, opts)
   local pol = self:policy()
   local max = (opts and opts.max_bytes) or pol.files.max_read
   local timeout = (opts and opts.timeout) or pol.exec.timeout
+  if type(max) ~= "number" or not (max >= 0) then error("max_bytes must be a number >= 0", 2) end
+  max = math.floor(math.min(max, 2 ^ 53))
+  if type(timeout) ~= "number" or not (timeout > 0) then error("timeout must be a positive number of seconds", 2) end
   local req = { argv = { "cat", "--", path }, env = {} }
   -- Chunks on, so each arrival wakes this task and the count is seen at
   -- once; the queued copies are dropped, the capture keeps the bytes.
