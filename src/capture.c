@@ -20,6 +20,43 @@ sbx_capture_free(struct sbx_capture *c)
   c->head_len = c->head_alloc = c->tail_len = c->tail_pos = 0;
 }
 
+void
+sbx_capture_compact(struct sbx_capture *c)
+{
+  char *p;
+  if (c->head_alloc > c->head_len) {
+    if (c->head_len == 0) {
+      free(c->head);
+      c->head = NULL;
+      c->head_alloc = 0;
+    }
+    else if ((p = realloc(c->head, c->head_len)) != NULL) {
+      c->head = p;
+      c->head_alloc = c->head_len;
+    }
+  }
+  /* A ring that is not full never wrapped: its bytes start at 0. */
+  if (c->tail && c->tail_len < c->tail_cap) {
+    if (c->tail_len == 0) {
+      free(c->tail);
+      c->tail = NULL;
+      c->tail_cap = 0;
+      c->tail_pos = 0;
+    }
+    else if ((p = realloc(c->tail, c->tail_len)) != NULL) {
+      c->tail = p;
+      c->tail_cap = c->tail_len;
+      c->tail_pos = 0;
+    }
+  }
+}
+
+size_t
+sbx_capture_held(const struct sbx_capture *c)
+{
+  return c->head_alloc + (c->tail ? c->tail_cap : 0);
+}
+
 static int
 head_reserve(struct sbx_capture *c, size_t need)
 {

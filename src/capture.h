@@ -21,6 +21,13 @@ struct sbx_capture {
 
 void sbx_capture_init(struct sbx_capture *c, size_t head_cap, size_t tail_cap);
 void sbx_capture_free(struct sbx_capture *c);
+/*
+** Shrinks a capture that takes no more bytes to what it keeps (the head to
+** head_len, the tail to tail_len); reads give the same bytes afterwards.
+*/
+void sbx_capture_compact(struct sbx_capture *c);
+/* Bytes of memory the capture's buffers hold. */
+size_t sbx_capture_held(const struct sbx_capture *c);
 /* Returns 0, or -1 when memory ran out (the bytes are then only counted). */
 int sbx_capture_add(struct sbx_capture *c, const char *p, size_t n);
 /* Bytes between head and tail that were counted but not kept. */

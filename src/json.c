@@ -7,6 +7,7 @@
 ** Object keys come out sorted (deterministic output), except that keys named
 ** in the metatable field __jsonorder come first, in that order.
 */
+#define _GNU_SOURCE
 #include "host.h"
 #include "capture.h"
 
@@ -14,6 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define JSON_MAX_DEPTH 200
 static const char ARRAY_MT_KEY = 'a';
@@ -284,8 +286,67 @@ json_encode(lua_State *L)
   return 1;
 }
 
+/*
+** cJSON ends its strings at a NUL byte, so a "\u0000" escape would cut a
+** string short without a word. Before parsing, each such escape is
+** rewritten in place to "\uFFFF" (the same length), which the text must
+** not hold already, and decoded strings turn U+FFFF back into NUL.
+** Returns how many escapes were rewritten, or -1 when the text holds both.
+*/
+#define NUL_STANDIN "\xEF\xBF\xBF"   /* U+FFFF in UTF-8 */
+
+static long
+rewrite_nul_escapes(char *s, size_t n)
+{
+  long nul = 0;
+  int standin = memmem(s, n, NUL_STANDIN, 3) != NULL, in_str = 0;
+  size_t i;
+  for (i = 0; i < n; i++) {
+    if (!in_str) {
+      in_str = s[i] == '"';
+      continue;
+    }
+    if (s[i] == '"')
+      in_str = 0;
+    else if (s[i] == '\\' && i + 1 < n) {
+      if (s[i + 1] == 'u' && i + 5 < n) {
+        if (strncmp(s + i + 2, "0000", 4) == 0) {
+          memcpy(s + i + 2, "FFFF", 4);
+          nul++;
+        }
+        else if (strncasecmp(s + i + 2, "ffff", 4) == 0)
+          standin = 1;
+        i += 5;
+      }
+      else
+        i++;
+    }
+  }
+  return nul && standin ? -1 : nul;
+}
+
+/* Pushes a decoded string; with nul set, U+FFFF stands for a NUL byte. */
+static void
+push_decoded(lua_State *L, const char *s, int nul)
+{
+  luaL_Buffer b;
+  const char *p;
+  if (!nul || (p = strstr(s, NUL_STANDIN)) == NULL) {
+    lua_pushstring(L, s);
+    return;
+  }
+  luaL_buffinit(L, &b);
+  do {
+    luaL_addlstring(&b, s, (size_t)(p - s));
+    luaL_addchar(&b, '\0');
+    s = p + 3;
+  } while ((p = strstr(s, NUL_STANDIN)) != NULL);
+  luaL_addstring(&b, s);
+  luaL_pushresult(&b);
+}
+
 static int
-from_json(lua_State *L, const cJSON *j, int depth)
+from_json(lua_State *L, const cJSON *j, int depth, int nul)
 {
   const cJSON *c;
   lua_Integer i = 1;
@@ -306,13 +367,13 @@ from_json(lua_State *L, const cJSON *j, int depth)
       lua_pushnumber(L, d);
   }
   else if (cJSON_IsString(j))
-    lua_pushstring(L, j->valuestring);
+    push_decoded(L, j->valuestring, nul);
   else if (cJSON_IsArray(j)) {
     lua_createtable(L, cJSON_GetArraySize(j), 0);
     push_mark(L, &ARRAY_MT_KEY, "array");
     lua_setmetatable(L, -2);
     cJSON_ArrayForEach(c, j) {
-      if (from_json(L, c, depth + 1) < 0)
+      if (from_json(L, c, depth + 1, nul) < 0)
         return -1;
       lua_rawseti(L, -2, i++);
     }
@@ -322,9 +383,10 @@ from_json(lua_State *L, const cJSON *j, int depth)
     push_mark(L, &OBJECT_MT_KEY, "object");
     lua_setmetatable(L, -2);
     cJSON_ArrayForEach(c, j) {
-      if (from_json(L, c, depth + 1) < 0)
+      push_decoded(L, c->string, nul);                  /* [t, key] */
+      if (from_json(L, c, depth + 1, nul) < 0)
         return -1;
-      lua_setfield(L, -2, c->string);
+      lua_rawset(L, -3);                                /* [t] */
     }
   }
   else
@@ -339,13 +401,24 @@ json_decode(lua_State *L)
   size_t n;
   const char *s = luaL_checklstring(L, 1, &n);
   const char *end = NULL;
-  cJSON *j = cJSON_ParseWithLengthOpts(s, n, &end, 0);
+  cJSON *j;
   int top = lua_gettop(L);
+  long nul = 0;
+  if (memmem(s, n, "\\u0000", 6)) {
+    /* A copy to rewrite, owned by the stack: freed even if a push raises. */
+    char *copy = lua_newuserdatauv(L, n ? n : 1, 0);
+    memcpy(copy, s, n);
+    nul = rewrite_nul_escapes(copy, n);
+    if (nul < 0)
+      return sbx_pushfail(L, "json", "a JSON text with both \\u0000 and U+FFFF in its strings is not supported");
+    s = copy;
+  }
+  j = cJSON_ParseWithLengthOpts(s, n, &end, 0);
   if (!j) {
     size_t at = end ? (size_t)(end - s) : 0;
     return sbx_pushfail(L, "json", "invalid JSON near byte %d", (int)at);
   }
-  if (from_json(L, j, 0) < 0) {
+  if (from_json(L, j, 0, nul > 0) < 0) {
     cJSON_Delete(j);
     lua_settop(L, top);
     return sbx_pushfail(L, "json", "JSON nested deeper than %d levels", JSON_MAX_DEPTH);

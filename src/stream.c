@@ -122,9 +122,11 @@ close_handle(struct stream *s)
   }
 }
 
+/* The end of a stream: no byte arrives after this, so captures shrink. */
 static void
 finish(struct stream *s, const char *code, const char *msg)
 {
+  int i;
   if (s->eof)
     return;
   if (code && !s->error_code) {
@@ -135,6 +137,8 @@ finish(struct stream *s, const char *code, const char *msg)
   }
   s->eof = 1;
   s->ended = sbx_now();
+  for (i = 0; i < CAP_N; i++)
+    sbx_capture_compact(&s->cap[i]);
   close_handle(s);
   wake_reader(s);
 }
@@ -689,6 +693,9 @@ stream_read(lua_State *L)
   luaL_Buffer b;
   luaL_argcheck(L, off >= 0, 3, "negative offset");
   luaL_argcheck(L, max > 0, 4, "max must be positive");
+  /* Never a buffer larger than what the capture keeps. */
+  if ((uint64_t)max > c->head_len + c->tail_len)
+    max = (lua_Integer)(c->head_len + c->tail_len) + 1;
   got = sbx_capture_read_at(c, (uint64_t)off, luaL_buffinitsize(L, &b, (size_t)max),
                             (size_t)max, &skipped);
   luaL_pushresultsize(&b, got);
@@ -697,7 +704,21 @@ stream_read(lua_State *L)
   return 3;
 }
 
-/* stream:info() -> { status, eof, error, error_code, body, bytes = {...}, duration } */
+/* Bytes of memory the stream's captures and chunk queues hold. */
+static size_t
+held_bytes(const struct stream *s)
+{
+  size_t n = s->pend[0].cap + s->pend[1].cap;
+  int i;
+  for (i = 0; i < CAP_N; i++)
+    n += sbx_capture_held(&s->cap[i]);
+  return n;
+}
+
+/*
+** stream:info() -> { status, eof, error, error_code, body, stdout_bytes,
+** stderr_bytes, duration, held_bytes }
+*/
 static int
 stream_info(lua_State *L)
 {
@@ -723,6 +744,8 @@ stream_info(lua_State *L)
   lua_setfield(L, -2, "stderr_bytes");
   lua_pushnumber(L, (s->eof ? s->ended : sbx_now()) - s->started);
   lua_setfield(L, -2, "duration");
+  lua_pushinteger(L, (lua_Integer)held_bytes(s));
+  lua_setfield(L, -2, "held_bytes");
 
   return 1;
 }
@@ -787,6 +810,27 @@ stream_close(lua_State *L)
   return 0;
 }
 
+/*
+** stream:release(): ends the stream and frees what it captured and queued
+** now, not at the next collection; byte counts stay (info, captured), the
+** bytes read as empty. For logs nobody may read again.
+*/
+static int
+stream_release(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  int i;
+  finish(s, NULL, NULL);
+  for (i = 0; i < CAP_N; i++)
+    sbx_capture_free(&s->cap[i]);
+  for (i = 0; i < 2; i++) {
+    free(s->pend[i].p);
+    s->pend[i].p = NULL;
+    s->pend[i].len = s->pend[i].cap = 0;
+  }
+  return 0;
+}
+
 static int
 stream_gc(lua_State *L)
 {
@@ -822,6 +866,7 @@ static const luaL_Reg stream_methods[] = {
   { "read", stream_read },
   { "info", stream_info },
   { "close", stream_close },
+  { "release", stream_release },
   { "push", stream_push },
   { "finish", stream_finish },
   { "write", stream_write },

@@ -207,7 +207,8 @@ while arn and sbx.now() < deadline do
 end
 tap.is(running and running.lastStatus, "RUNNING", "DescribeTasks: the task runs", err)
 local runtime_id = running and running.containers[1].runtimeId
-local ctr = runtime_id and H.container(runtime_id)
+-- The stand-in's own daemon, which need not be the one DOCKER_HOST names.
+local ctr = runtime_id and H.container(runtime_id, s.docker_host)
 tap.ok(ctr and ctr.State.Running, "the task is a running container")
 tap.is(ctr and table.concat(ctr.Config.Cmd, " "), "sleep 60", "the container runs the task's command")
 
@@ -215,7 +216,7 @@ out, err = ecs:call("StopTask", { cluster = "sbx-client-test", task = arn, reaso
 tap.is(out and out.task.desiredStatus, "STOPPED", "StopTask", err)
 out = ecs:call("DescribeTasks", { cluster = "sbx-client-test", tasks = json.array { arn } })
 tap.is(out and out.tasks[1].lastStatus, "STOPPED", "DescribeTasks: stopped")
-tap.ok(runtime_id and H.container(runtime_id) == nil, "the container is gone")
+tap.ok(runtime_id and H.container(runtime_id, s.docker_host) == nil, "the container is gone")
 
 out, err = ecs:call("DeregisterTaskDefinition", { taskDefinition = td and td.taskDefinitionArn })
 tap.is(out and out.taskDefinition.status, "INACTIVE", "DeregisterTaskDefinition", err)

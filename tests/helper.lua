@@ -7,17 +7,19 @@ H.image = os.getenv("SBX_TEST_IMAGE") or "sbx-debian:12"
 H.busybox = os.getenv("SBX_TEST_BUSYBOX") or "sbx-busybox:latest"
 H.sbx_bin = os.getenv("SBX_BIN") or "build/sbx"
 
-function H.daemon()
-  return assert(require("sbx.backends.docker").connect())
+-- The daemon sbx finds (DOCKER_HOST, ...), or the one at docker_host.
+function H.daemon(docker_host)
+  return assert(require("sbx.backends.docker").connect(docker_host))
 end
 
 -- A raw Engine API call that bypasses sbx's box layer.
-function H.api(method, path, body)
-  return require("sbx.backends.docker").call(H.daemon(), method, path, body, { ok = { [404] = true } })
+function H.api(method, path, body, docker_host)
+  return require("sbx.backends.docker").call(H.daemon(docker_host), method, path, body, { ok = { [404] = true } })
 end
 
-function H.container(id)
-  local st, info = H.api("GET", "/containers/" .. id .. "/json")
+-- A container's inspect on sbx's daemon or the one at docker_host, or nil.
+function H.container(id, docker_host)
+  local st, info = H.api("GET", "/containers/" .. id .. "/json", nil, docker_host)
   if st == 404 then return nil end
   return info
 end
@@ -158,8 +160,9 @@ end
 H.standin([args]) -> standin | nil, message
   Starts scripts/aws-standin --port 0 <args> (a list of strings) in the
   background and waits for the URL it prints. The standin has .url, .port,
-  .pid, .credentials ({access_key, secret_key, session_token} it accepts,
-  for sbx.aws), :state(), :faults(t), :log() and :stop(). A watcher stops it
+  .pid, .docker_host (the daemon its task containers run on), .credentials
+  ({access_key, secret_key, session_token} it accepts, for sbx.aws),
+  :state(), :faults(t), :log() and :stop(). A watcher stops it
   (SIGTERM) as soon as this test process is gone, however it ends, so no
   container outlives the test. SBX_STANDIN overrides the script's path.
 ]]
@@ -206,6 +209,9 @@ kill $w 2>/dev/null]],
     url = url,
     port = tonumber(url:match(":(%d+)$")),
     pid = pid,
+    -- Where its task containers run: its own --docker-socket, whatever
+    -- daemon the test itself talks to (DOCKER_HOST may be Podman).
+    docker_host = "unix://" .. (arg_value(args, "--docker-socket") or "/var/run/docker.sock"),
     files = files,
     credentials = {
       access_key = arg_value(args, "--access-key") or "AKIDSTANDIN",

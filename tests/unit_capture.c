@@ -49,6 +49,32 @@ main(void)
   ok(c.total == 100000ull * sizeof buf && c.head_alloc <= 1024, "400 MB counted in 2 KiB");
   sbx_capture_free(&c);
 
+  /* A finished capture shrinks to what it keeps; reads are unchanged. */
+  sbx_capture_init(&c, 1024, 4096);
+  sbx_capture_add(&c, "0123456789", 10);
+  sbx_capture_compact(&c);
+  ok(sbx_capture_held(&c) == 10 && c.tail == NULL, "a short capture keeps 10 bytes, not 1 KiB");
+  got = sbx_capture_read_at(&c, 0, buf, 100, &skipped);
+  ok(got == 10 && memcmp(buf, "0123456789", 10) == 0, "and reads the same");
+  sbx_capture_free(&c);
+  sbx_capture_init(&c, 4, 1000);
+  sbx_capture_add(&c, "abcdefghij", 10);
+  sbx_capture_compact(&c);
+  ok(sbx_capture_held(&c) == 10 && c.tail_len == 6, "a tail that never filled its ring shrinks to its bytes");
+  got = sbx_capture_read_at(&c, 0, buf, 100, &skipped);
+  ok(got == 10 && memcmp(buf, "abcdefghij", 10) == 0, "head and tail read the same after compacting");
+  got = sbx_capture_read_at(&c, 4, buf, 100, &skipped);
+  ok(skipped == 0 && got == 6 && memcmp(buf, "efghij", 6) == 0, "tail reads the same after compacting");
+  sbx_capture_free(&c);
+  sbx_capture_init(&c, 2, 4);
+  sbx_capture_add(&c, "abcdefghi", 9);
+  sbx_capture_add(&c, "jk", 2);
+  sbx_capture_compact(&c);
+  sbx_capture_copy_tail(&c, buf);
+  ok(sbx_capture_held(&c) == 6 && memcmp(buf, "hijk", 4) == 0, "a wrapped ring stays in order");
+  sbx_capture_free(&c);
+  ok(sbx_capture_held(&c) == 0 && c.total == 11, "freed: nothing held, the count stays");
+
   /* UTF-8 */
   {
     const char *s = "h\xC3\xA9llo \xE2\x82\xAC";

@@ -104,6 +104,8 @@ function M.new(opts)
     spec = spec,
     procs = {},            -- name -> process record
     proc_order = {},       -- names in start order
+    finished = {},         -- records of ended processes whose logs are kept, oldest first
+    retained_bytes = 0,    -- host memory those logs hold (policy.background.retain_bytes)
     counter = 0,
     closed = false,
     overlay = overlay,     -- this box's policy overlay, if any
@@ -158,7 +160,7 @@ function Box:close()
   self.closed = true
   open[self.id] = nil
   for _, p in pairs(self.procs) do
-    if p.job and p.job.stream then pcall(p.job.stream.close, p.job.stream) end
+    if p.job and p.job.stream then pcall(p.job.stream.release, p.job.stream) end
   end
   if self.tmod then pcall(self.tmod.close, self.tstate) end
   return self.backend.destroy(self.handle, false, core.now() + self:policy().box.destroy_timeout)
@@ -216,6 +218,40 @@ local function env_list(map)
   return list
 end
 
+-- What a command is made of reaches the box as C strings, where a NUL byte
+-- would cut it short: such a request is refused, never changed. Env names
+-- are what a shell can export. Returns nil or the message of the first
+-- problem.
+local ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+
+local function request_problem(req)
+  if type(req.command) == "string" and req.command:find("\0", 1, true) then
+    return string.format("the command contains a NUL byte (at byte %d)", req.command:find("\0", 1, true))
+  end
+  for i, a in ipairs(req.argv) do
+    if a:find("\0", 1, true) then return string.format("argument %d of the command contains a NUL byte", i) end
+  end
+  for k, v in pairs(req.env) do
+    if type(k) ~= "string" or not k:match(ENV_NAME) then
+      return string.format("env name %s is not a valid name (letters, digits and '_', not starting with a digit)",
+        type(k) == "string" and string.format("%q", k) or tostring(k))
+    end
+    if v ~= false and tostring(v):find("\0", 1, true) then return string.format("env %s contains a NUL byte", k) end
+  end
+  if req.cwd ~= nil and type(req.cwd) ~= "string" then return "cwd must be a string" end
+  if req.user ~= nil and type(req.user) ~= "string" and math.type(req.user) ~= "integer" then
+    return "user must be a name or a numeric id"
+  end
+  for _, f in ipairs { "cwd", "user" } do
+    if req[f] ~= nil and tostring(req[f]):find("\0", 1, true) then return f .. " contains a NUL byte" end
+  end
+end
+
+local function check_path(path, level)
+  if type(path) ~= "string" or path == "" then error("path must be a non-empty string", level + 1) end
+  if path:find("\0", 1, true) then error("path must not contain a NUL byte", level + 1) end
+end
+
 -- Turns one captured stream into { head, tail, omitted, bytes } of valid UTF-8.
 local function capture_part(stream, name)
   local head, tail, total, omitted = stream:captured(name)
@@ -257,6 +293,8 @@ function M.build_result(job, fields, pol)
   r.stdout_bytes = r.parts.stdout.bytes
   r.stderr_bytes = r.parts.stderr.bytes
   r.truncated = r.parts.stdout.omitted > 0 or r.parts.stderr.omitted > 0 or r.parts.output.omitted > 0
+  -- Set by a backend's finish when the OOM killer ended the command.
+  if job.oom_killed then r.oom_killed, r.memory_limit = true, job.memory_limit end
   return r
 end
 
@@ -307,7 +345,7 @@ local function describe(self, pol, command, opts, background)
   local source = opts.source or (background and "spawn" or "exec")
   if not SOURCES[source] then error("source must be exec, spawn, tool, harness or session", 3) end
   if opts.stdin ~= nil and type(opts.stdin) ~= "string" then error("stdin must be a string of bytes", 3) end
-  return {
+  local req = {
     command = command,
     argv = command_argv(self, pol, command, opts.shell),
     env = env_map(pol.exec.env, opts.env),
@@ -318,6 +356,9 @@ local function describe(self, pol, command, opts, background)
     background = background,
     source = source,
   }
+  local problem = request_problem(req)
+  if problem then error(problem, 3) end
+  return req
 end
 
 -- The first budget a box has used up: which, used, limit.
@@ -341,9 +382,28 @@ local function take_changed(self, pol, orig, new)
   if type(r.argv) ~= "table" or #r.argv == 0 then error("hooks.before_exec: argv must be a non-empty list", 0) end
   for i, a in ipairs(r.argv) do r.argv[i] = tostring(a) end
   if type(r.env) ~= "table" then error("hooks.before_exec: env must be a table of NAME = value", 0) end
+  local problem = request_problem(r)
+  if problem then error("hooks.before_exec: " .. problem, 0) end
   if not orig.background then r.timeout = clamp_timeout(pol, r.timeout) end
   r.background, r.source, r.stdin_bytes = orig.background, orig.source, orig.stdin_bytes
   return r
+end
+
+-- A string of the request longer than the box's kernel execs: the message
+-- saying which, or nil.
+local function too_long(req, pol)
+  local limit = pol.exec.max_arg_bytes
+  for i, a in ipairs(req.argv) do
+    if #a > limit then
+      local which = (type(req.command) == "string" and a == req.command) and "command" or "argument " .. i
+      return pol.format_arg_too_long(which, #a, pol)
+    end
+  end
+  for k, v in pairs(req.env) do
+    if v ~= false and #k + 1 + #tostring(v) > limit then
+      return pol.format_arg_too_long("env " .. k, #k + 1 + #tostring(v), pol)
+    end
+  end
 end
 
 -- Admission of a user command: budgets, then policy.hooks.before_exec.
@@ -361,6 +421,8 @@ local function admit(self, pol, req)
       req = take_changed(self, pol, req, verdict)
     end
   end
+  local long = too_long(req, pol)
+  if long then return nil, long, "exec_failed" end
   local seconds = pol.budget and pol.budget.seconds
   if seconds and req.timeout and seconds - self.usage.seconds < req.timeout then
     req.timeout = seconds - self.usage.seconds
@@ -483,6 +545,14 @@ function M.kill_request(signal, job)
   }
 end
 
+-- A stream's transport failure in the backend's words (Docker: a socket
+-- that is gone or refuses is "daemon_unavailable"): message, code.
+local function stream_failure(self, info)
+  if self.backend.stream_error then return self.backend.stream_error(self.handle, info) end
+  return info.error, info.error_code
+end
+
+
 -- Waits until a killed job's stream ends, by deadline: true once it did.
 local function stream_ends(stream, deadline)
   while true do
@@ -586,7 +656,7 @@ local function run_request(self, pol, treq, timeout, on_output, command)
     local info = stream:info()
     if info.error_code then
       stream:close()
-      return nil, info.error, info.error_code
+      return nil, stream_failure(self, info)
     end
     local exit_code, ferr, fcode = self.tmod.finish(self.tstate, job, core.now() + pol.exec.kill_grace)
     if exit_code == nil then return nil, ferr, fcode end
@@ -639,6 +709,14 @@ end
 
 -- Background processes ----------------------------------------------------------
 
+-- Bytes a process has printed (stdout and stderr), kept or not.
+local function output_bytes(p)
+  if p.output_bytes then return p.output_bytes end
+  if not p.job then return 0 end
+  local info = p.job.stream:info()
+  return info.stdout_bytes + info.stderr_bytes
+end
+
 local function proc_view(p)
   return {
     name = p.name,
@@ -648,8 +726,38 @@ local function proc_view(p)
     error = p.error,
     started = p.started,
     elapsed = (p.ended or core.now()) - p.started,
-    output_bytes = p.job and select(3, p.job.stream:captured("output")) or 0,
+    output_bytes = output_bytes(p),
+    evicted = p.evicted,
+    oom_killed = p.oom_killed,
+    memory_limit = p.memory_limit,
   }
+end
+
+-- Frees a finished process's log for real (the C buffers now, not at the
+-- next collection); its record stays, with its byte count.
+local function evict(self, p)
+  if p.evicted or not p.job then return end
+  p.output_bytes = output_bytes(p)
+  p.job.stream:release()
+  p.job, p.evicted = nil, true
+  self.retained_bytes = self.retained_bytes - (p.held or 0)
+  for i, q in ipairs(self.finished) do
+    if q == p then table.remove(self.finished, i) break end
+  end
+end
+
+-- The logs of finished processes share one budget per box
+-- (policy.background.retain_bytes): a process that ends adds its log, and
+-- the oldest finished logs are freed until the rest fit.
+local function retain(self, p, pol)
+  if self.closed or not p.job then return end
+  p.held = p.job.stream:info().held_bytes
+  self.retained_bytes = self.retained_bytes + p.held
+  self.finished[#self.finished + 1] = p
+  local budget = pol.background.retain_bytes
+  while self.retained_bytes > budget and self.finished[1] do
+    evict(self, self.finished[1])
+  end
 end
 
 -- box:spawn(command, opts) -> name | nil, message, code
@@ -691,7 +799,8 @@ function Box:spawn(command, opts)
     name = name, command = type(command) == "table" and table.concat(command, " ") or command,
     status = "running", started = core.now(), job = job, done = core.event(),
   }
-  if not self.procs[name] then self.proc_order[#self.proc_order + 1] = name end
+  local old = self.procs[name]
+  if old then evict(self, old) else self.proc_order[#self.proc_order + 1] = name end
   self.procs[name] = p
   -- A watcher per process: learns the exit code as soon as the stream ends.
   core.spawn(function()
@@ -700,18 +809,21 @@ function Box:spawn(command, opts)
     if p.status == "running" then
       local info = job.stream:info()
       if info.error_code then
-        p.status, p.error = "failed", info.error
+        p.status, p.error = "failed", (stream_failure(self, info))
       else
         local exit_code, ferr = self.tmod.finish(self.tstate, job)
-        if exit_code then
+        -- box:kill may have said "killed" while finish waited on the daemon.
+        if p.status == "running" and exit_code then
           p.status, p.exit_code = "exited", exit_code
-        else
+          p.oom_killed, p.memory_limit = job.oom_killed, job.memory_limit
+        elseif p.status == "running" then
           p.status, p.error = "failed", ferr
         end
       end
     end
     local view = proc_view(p)
     account(self, view.elapsed, view.output_bytes)
+    retain(self, p, self:policy())
     p.done:set()
     if not self.closed then after_exec(self, self:policy(), req, view) end
   end)
@@ -737,23 +849,33 @@ local function get_proc(self, name)
 end
 
 -- box:output(name, {offset=0, max_bytes=}) -> { text, offset, next_offset, skipped, total, process }
+-- An offset past the end reads nothing (next_offset is the end); max_bytes
+-- beyond what the log keeps reads what it keeps. The log of a finished
+-- process freed by policy.background.retain_bytes is nil, message, "evicted".
 function Box:output(name, opts)
   check_open(self)
   opts = opts or {}
+  if type(opts) ~= "table" then error("output options must be a table", 2) end
+  local pol = self:policy()
+  local offset, max = opts.offset or 0, opts.max_bytes or pol.background.read_max
+  if type(offset) ~= "number" or offset ~= offset or offset < 0 then error("offset must be a number >= 0", 2) end
+  if type(max) ~= "number" or max ~= max or max < 1 then error("max_bytes must be a number >= 1", 2) end
   local p, err, code = get_proc(self, name)
   if not p then return nil, err, code end
-  local offset = opts.offset or 0
-  local max = opts.max_bytes or self:policy().background.read_max
+  if p.evicted then return nil, pol.format_evicted(proc_view(p), pol), "evicted" end
+  local total = output_bytes(p)
+  offset = math.floor(math.min(offset, total))
+  max = math.floor(math.min(max, math.max(total - offset, 1)))
   local bytes, next_offset, skipped = p.job.stream:read("output", offset, max)
   -- Never hand out half a character: keep it for the next read.
   local whole, held = sbx.text.head_cut(bytes)
-  if p.status ~= "running" and next_offset >= select(3, p.job.stream:captured("output")) then held = 0; whole = bytes end
+  if p.status ~= "running" and next_offset >= total then held = 0; whole = bytes end
   return {
     text = (sbx.text.sanitize(whole)),
     offset = offset,
     skipped = skipped,
     next_offset = next_offset - held,
-    total = select(3, p.job.stream:captured("output")),
+    total = total,
     process = proc_view(p),
   }
 end
@@ -790,7 +912,7 @@ end
 -- stdin, which works on read-only roots and tmpfs mounts alike.
 function Box:write_file(path, data, opts)
   check_open(self)
-  if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
+  check_path(path, 2)
   if type(data) ~= "string" then error("data must be a string", 2) end
   local pol = self:policy().files
   if #data > pol.max_write then
@@ -810,35 +932,69 @@ function Box:write_file(path, data, opts)
   return true
 end
 
--- box:read_file(path) -> bytes | nil, message, code
+-- box:read_file(path, opts) -> bytes | nil, message, code
+-- opts: max_bytes (policy files.max_read), timeout (policy exec.timeout).
+-- Some files never end (/dev/zero, a FIFO, a file growing as it is read):
+-- reading stops once more than max_bytes have arrived ("too_large") or at
+-- the timeout ("timeout"), and then the reader's processes in the box are
+-- killed, so no cat outlives the call.
 function Box:read_file(path, opts)
   check_open(self)
-  if type(path) ~= "string" or path == "" then error("path must be a non-empty string", 2) end
+  check_path(path, 2)
   local pol = self:policy()
   local max = (opts and opts.max_bytes) or pol.files.max_read
+  local timeout = (opts and opts.timeout) or pol.exec.timeout
+  if type(max) ~= "number" or not (max >= 0) then error("max_bytes must be a number >= 0", 2) end
+  max = math.floor(math.min(max, 2 ^ 53))
+  if type(timeout) ~= "number" or not (timeout > 0) then error("timeout must be a positive number of seconds", 2) end
   if self.tmod.read_file then
-    return self.tmod.read_file(self.tstate, path, max, core.now() + (opts and opts.timeout or pol.exec.timeout))
+    return self.tmod.read_file(self.tstate, path, max, core.now() + timeout)
   end
   local req = { argv = { "cat", "--", path }, env = {} }
+  -- Chunks on, so each arrival wakes this task and the count is seen at
+  -- once; the queued copies are dropped, the capture keeps the bytes.
   local treq = make_request(req, nil,
-    { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } }, false, pol)
+    { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } }, true, pol)
   local job, err, code = self.tmod.start(self.tstate, treq)
   if not job then return nil, err, code end
-  job.stream:wait(opts and opts.timeout or pol.exec.timeout)
-  local info = job.stream:info()
-  if not info.eof then job.stream:close(); return nil, "timed out reading " .. path, "timeout" end
-  if info.error_code then return nil, info.error, info.error_code end
+  local stream = job.stream
+  local deadline = core.now() + timeout
+  -- The stream is closed first: a daemon still pushing bytes into a stream
+  -- nobody reads holds up the exit of every exec in the box, the kill's too.
+  local function stop()
+    stream:close()
+    pcall(self.tmod.kill, self.tstate, job, "KILL", core.now() + pol.exec.kill_grace)
+  end
+  local ok, ev = pcall(function()
+    while true do
+      local left = deadline - core.now()
+      local e = left > 0 and stream:wait(left) or "timeout"
+      if e == "data" then stream:take(true) end
+      if stream:info().stdout_bytes > max then return "too_large" end
+      if e ~= "data" then return e end
+    end
+  end)
+  if not ok then
+    -- Cancelled or interrupted: the reader must not outlive the call.
+    stop()
+    error(ev, 0)
+  end
+  if ev == "too_large" then
+    stop()
+    return nil, string.format("%s has more than the %d bytes allowed by policy (files.max_read)", path, max), "too_large"
+  elseif ev == "timeout" then
+    stop()
+    return nil, "timed out reading " .. path, "timeout"
+  end
+  local info = stream:info()
+  if info.error_code then return nil, stream_failure(self, info) end
   local exit_code, ferr, fcode = self.tmod.finish(self.tstate, job)
   if not exit_code then return nil, ferr, fcode end
-  local data, _, total = job.stream:captured("stdout")
   if exit_code ~= 0 then
-    local msg = job.stream:captured("stderr")
+    local msg = stream:captured("stderr")
     return nil, string.format("cannot read %s: %s", path, (msg:gsub("%s+$", ""))), "not_found"
   end
-  if total > max then
-    return nil, string.format("%s has more than the %d bytes allowed by policy (files.max_read)", path, max), "too_large"
-  end
-  return data
+  return (stream:captured("stdout"))
 end
 
 -- Tools for a model bound to this box.

@@ -43,9 +43,33 @@ local function ordered(t, keys)
 end
 
 local RESULT_KEYS = { "id", "status", "passed", "reason", "error", "code", "duration", "started_at", "start_offset", "phases" }
-local PHASE_KEYS = { "exit_code", "timed_out", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "refused", "value", "output" }
+local PHASE_KEYS = { "exit_code", "timed_out", "oom_killed", "truncated", "duration", "stdout_bytes", "stderr_bytes", "signal", "refused", "value", "output" }
 
 -- Tasks ---------------------------------------------------------------------
+
+-- The key a task id is known by, in this run and in a results file read
+-- back: an id and its JSON round trip have the same key (1.0 comes back
+-- as 1, 2^53 as 9007199254740992), and floats are told apart exactly.
+local function id_key(id)
+  if math.type(id) == "float" then
+    if id == math.floor(id) and math.abs(id) < 2 ^ 63 then return string.format("%d", id) end
+    return string.format("%.17g", id)
+  end
+  return tostring(id)
+end
+M.id_key = id_key
+
+-- Why an id cannot be written to a results line as it is, or nil: JSON
+-- text holds only UTF-8 (other bytes would be replaced, and two ids could
+-- become one) and finite numbers.
+local function id_problem(id)
+  if type(id) == "string" then
+    local ok, at = utf8.len(id)
+    if not ok then return string.format("id is not valid UTF-8 (byte %d); ids are written to JSON results, so they must be text", at) end
+  elseif type(id) == "number" and (id ~= id or id == math.huge or id == -math.huge) then
+    return "id must be a finite number"
+  end
+end
 
 -- Checks one task table; returns it or raises a usage error.
 local function validate(t, i, seen, json)
@@ -54,9 +78,11 @@ local function validate(t, i, seen, json)
   if type(t.id) ~= "string" and type(t.id) ~= "number" then
     error(string.format("task #%d: id must be a string or a number", i), 0)
   end
-  local id = tostring(t.id)
-  if seen[id] then error(string.format("task #%d: duplicate id '%s'", i, id), 0) end
-  seen[id] = true
+  local problem = id_problem(t.id)
+  if problem then error(string.format("task #%d: %s", i, problem), 0) end
+  local id, key = tostring(t.id), id_key(t.id)
+  if seen[key] then error(string.format("task #%d: duplicate id '%s'", i, id), 0) end
+  seen[key] = true
   local function cmd_ok(v)
     return v == nil or type(v) == "string" or type(v) == "function" or type(v) == "table"
   end
@@ -142,6 +168,11 @@ function M.load_tasks(path)
         f:close()
         return nil, string.format("%s:%d: %s", path, n, jerr or "a task must be a JSON object")
       end
+      local problem = id_problem(t.id)
+      if problem then
+        f:close()
+        return nil, string.format("%s:%d: task %s", path, n, problem)
+      end
       tasks[#tasks + 1] = t
     end
   end
@@ -164,7 +195,7 @@ local function read_results(path, json)
     if line:match("%S") then
       local r = json.decode(line)
       if type(r) == "table" and r.id ~= nil and r.id ~= json.null and type(r.status) == "string" then
-        by_id[tostring(r.id)] = r
+        by_id[id_key(r.id)] = r
       else
         warn(string.format("%s:%d: ignoring a malformed line", path, n))
       end
@@ -192,6 +223,7 @@ local function summarize(sbx, r, pol)
     stdout_bytes = r.stdout_bytes,
     stderr_bytes = r.stderr_bytes,
     signal = r.signal,
+    oom_killed = r.oom_killed,
   }
   if r.parts and r.parts.output then
     p.output = pol.format_output(r.parts.output, pol)
@@ -326,7 +358,7 @@ local function task_body(sbx, box, task, res)
     if refused then res.reason = "run refused by the policy (" .. refused .. "): " .. p.value; return false end
     if p.timed_out then res.reason = "run timed out"; return false end
     if task.check == nil then
-      if not ok then res.reason = "run exited " .. tostring(p.exit_code) end
+      if not ok then res.reason = "run exited " .. tostring(p.exit_code) .. (p.oom_killed and " (out of memory)" or "") end
       return ok
     end
   end
@@ -474,7 +506,7 @@ function M.run(opts)
   end
   local skipped = 0
   for _, t in ipairs(tasks) do
-    local prev = done_before[tostring(t.id)]
+    local prev = done_before[id_key(t.id)]
     if prev and (prev.status == "passed" or prev.status == "failed") then
       skipped = skipped + 1
     else
@@ -611,10 +643,10 @@ function M.run(opts)
   }
   -- Every result for the task list: this run's, then earlier ones not rerun.
   local all, have = {}, {}
-  for _, r in ipairs(results) do all[#all + 1] = r; have[tostring(r.id)] = true end
+  for _, r in ipairs(results) do all[#all + 1] = r; have[id_key(r.id)] = true end
   local overall = { passed = 0, failed = 0, errors = 0 }
   for _, t in ipairs(tasks) do
-    local id = tostring(t.id)
+    local id = id_key(t.id)
     local prev = done_before[id]
     if not have[id] and prev then all[#all + 1] = prev; have[id] = true end
   end

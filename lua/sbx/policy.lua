@@ -99,6 +99,10 @@ policy.exec = {
   },
   chunk_limit = 1 * MiB,        -- output queued for on_output before reading pauses
   kill_grace = 3,               -- seconds to wait for a killed command's stream to end
+  -- The longest argument or NAME=value the box's kernel execs (Linux:
+  -- MAX_ARG_STRLEN, 32 pages with the final NUL). A longer one is refused
+  -- before it starts ("exec_failed"), as the kernel would refuse it.
+  max_arg_bytes = 32 * 4 * KiB - 1,
   -- When the kill cannot run (a fork bomb fills the pids limit) the box is
   -- restarted: every process in it dies, its files stay.
   on_unkillable = "restart",    -- "restart" | "leave"
@@ -120,6 +124,11 @@ policy.background = {
   name_pattern = "^[%w][%w_.%-]*$",
   max_name_length = 64,
   read_max = 64 * KiB,          -- default bytes per output read
+  -- Host memory for the logs of finished processes, per box: past it the
+  -- logs of the oldest finished ones are freed (their status, exit code
+  -- and byte count stay; reading one gives "evicted"). Running processes
+  -- keep their logs whatever this says. 0 frees each log when it ends.
+  retain_bytes = 16 * MiB,
 }
 
 -- Files moved in and out of a box.
@@ -276,6 +285,14 @@ function policy.format_disk_exceeded(used, limit)
     used / 1e6, limit / 1e6)
 end
 
+-- The message of a command with an argument (which: "command" for a
+-- command string, "argument N", "env NAME") longer than exec.max_arg_bytes.
+function policy.format_arg_too_long(which, bytes, pol)
+  pol = live(pol)
+  return string.format("%s is %d bytes; the box runs no command with an argument longer than %d bytes (policy exec.max_arg_bytes). Put long text in a file first (write_file, or a heredoc in several commands) or pass it on stdin.",
+    which == "command" and "the command" or which, bytes, pol.exec.max_arg_bytes)
+end
+
 -- The message of a command refused by before_exec without one of its own.
 policy.denied_message = "the policy does not allow this command"
 
@@ -363,6 +380,7 @@ function policy.format_result(r, pol)
   elseif r.exit_code ~= 0 then
     lines[#lines + 1] = string.format("[Exit code: %s]", tostring(r.exit_code))
   end
+  if r.oom_killed then lines[#lines + 1] = pol.format_oom(r, pol) end
   if r.box_restarted then
     lines[#lines + 1] = "[The box was restarted to stop runaway processes; files are kept, processes are gone]"
   end
@@ -375,6 +393,15 @@ function policy.format_result(r, pol)
   return table.concat(lines, "\n")
 end
 
+-- The line for a command the OOM killer ended (r.oom_killed; r.memory_limit
+-- in bytes when the box could tell).
+function policy.format_oom(r, pol)
+  local limit = r.memory_limit and string.format(" (%s)", r.memory_limit % MiB == 0
+    and string.format("%d MiB", r.memory_limit // MiB) or string.format("%d bytes", r.memory_limit)) or ""
+  return "[Out of memory: the command was killed for using more than the box's memory limit" .. limit ..
+    "; use less memory, for example smaller inputs or fewer processes at once]"
+end
+
 function policy.format_started(p, pol)
   return string.format("Started background process '%s'.\nCommand: %s\nUse list_processes to check its status, process_output to read its output, kill_process to stop it.",
     p.name, p.command)
@@ -384,7 +411,7 @@ function policy.status_text(p, pol)
   if p.status == "running" then return "running" end
   if p.status == "killed" then return "killed" end
   if p.status == "failed" then return "failed: " .. tostring(p.error) end
-  return "exited " .. tostring(p.exit_code)
+  return "exited " .. tostring(p.exit_code) .. (p.oom_killed and " (out of memory)" or "")
 end
 
 function policy.format_processes(list, name, pol)
@@ -420,6 +447,13 @@ function policy.format_process_output(o, pol)
   lines[#lines + 1] = o.text ~= "" and o.text or "(no new output)"
   lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", pol.status_text(o.process, pol), o.next_offset, o.total)
   return table.concat(lines, "\n")
+end
+
+-- Reading the log of a finished process that retain_bytes freed.
+function policy.format_evicted(p, pol)
+  pol = live(pol)
+  return string.format("the output of process '%s' (%s, %d bytes) is no longer kept: a box keeps at most %d bytes of logs of finished processes (policy.background.retain_bytes) and frees the oldest first. To keep a command's output, redirect it to a file in the box (for example: command > /tmp/%s.log 2>&1) and read that file.",
+    p.name, pol.status_text(p, pol), p.output_bytes, pol.background.retain_bytes, p.name)
 end
 
 function policy.format_killed(p, pol)

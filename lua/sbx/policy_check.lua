@@ -29,6 +29,17 @@ local POS = num { gt = 0 }
 local SIZE = int { ge = 0 }
 local PART = rule({ "table" }, { fields = { head = SIZE, tail = SIZE } })
 local TEXT = rule({ "string", "function" })   -- a text, or a function of the policy giving it
+-- Environment variables: NAME = value, as a shell exports them; a value
+-- reaches the box as a C string, so it may not hold a NUL byte.
+local function env_name(k)
+  if type(k) ~= "string" or not k:match("^[A-Za-z_][A-Za-z0-9_]*$") then
+    return string.format("%s is not a valid environment variable name (letters, digits and '_', not starting with a digit)",
+      type(k) == "string" and string.format("%q", k) or tostring(k))
+  end
+end
+local ENV = map(rule({ "string", "number", "boolean" }, { check = function(v)
+  if type(v) == "string" and v:find("\0", 1, true) then return "must not contain a NUL byte" end
+end }), env_name)
 
 -- A tool parameter: { "name", { json schema }, required = bool }.
 local PARAM = rule({ "table" }, { check = function(v)
@@ -57,7 +68,7 @@ local RULES = {
   ["box.pids"] = rule({ "integer", "false" }, { gt = 0 }),
   ["box.disk"] = rule({ "integer", "false" }, { gt = 0 }),
   ["box.network"] = str(),
-  ["box.env"] = map(SCALAR),
+  ["box.env"] = ENV,
   ["box.labels"] = map(SCALAR),
   ["box.tmpfs"] = map(str()),
   ["box.cap_drop"] = list(str()),
@@ -77,13 +88,15 @@ local RULES = {
   ["exec.timeout"] = POS,
   ["exec.max_timeout"] = POS,
   ["exec.shell"] = rule({ "string", "table" }, { enum_if_string = { "auto", "bash", "sh" }, list = str() }),
-  ["exec.env"] = map(rule({ "string", "number", "boolean" })),
+  ["exec.env"] = ENV,
   ["exec.capture"] = rule({ "table" }, { fields = { stdout = PART, stderr = PART, output = PART } }),
   ["exec.chunk_limit"] = int { gt = 0 },
+  ["exec.max_arg_bytes"] = int { gt = 0 },
   ["exec.on_unkillable"] = str { enum = { "restart", "leave" } },
   ["background.log"] = PART,
   ["background.max_name_length"] = int { gt = 0 },
   ["background.read_max"] = int { gt = 0 },
+  ["background.retain_bytes"] = SIZE,
   ["files.max_read"] = SIZE,
   ["files.max_write"] = SIZE,
   ["mcp.progress_interval"] = POS,
@@ -310,6 +323,8 @@ local function check(v, r, path, label, dflt)
       if r.key == "integer" and math.type(k) ~= "integer" then
         return string.format("%s %s has the key %s; its keys must be integers", label, path, show(k))
       end
+      local kmsg = type(r.key) == "function" and r.key(k)
+      if kmsg then return string.format("%s %s: %s", label, path, kmsg) end
       local msg = check(x, r.map, join(path, k), label)
       if msg then return msg end
     end

@@ -63,6 +63,11 @@ function M.validate(v, schema, path)
       return nil, string.format("%s must be one of %s, not %s", path, table.concat(opts, ", "), describe(v))
     end
   end
+  -- Every string a tool takes ends up as a C string (an argv, a name): a
+  -- NUL byte would cut it short, so it is refused, not changed.
+  if type(v) == "string" and v:find("\0", 1, true) then
+    return nil, string.format("%s must not contain NUL bytes (\\u0000)", path)
+  end
   if type(v) == "number" then
     if schema.minimum and v < schema.minimum then
       return nil, string.format("%s must be at least %s, not %s", path, schema.minimum, v)
@@ -224,7 +229,10 @@ function M.call(tools, name, args, ctx)
     -- A cancelled or interrupted call is the caller's business, not the model's.
     local msg = tostring(res[2])
     if msg:find("^cancelled") or msg:find("^interrupted") then error(res[2], 0) end
-    return pol.format_tool_error(msg, pol), true
+    -- A box method refusing what a handler passed on (a policy's own tool
+    -- without a schema minimum): the model reads the reason, not where in
+    -- sbx's Lua it was found.
+    return pol.format_tool_error((msg:gsub("^[^\n:]*%.lua:%d+: ", "")), pol), true
   end
   return tostring(res[2]), res[3] == true
 end

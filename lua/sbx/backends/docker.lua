@@ -597,11 +597,76 @@ function M.start(h, req)
   return job
 end
 
+-- stream_error(handle, info) -> message, code: an exec stream's transport
+-- failure. A socket that is gone or refuses means the daemon is not there.
+function M.stream_error(h, info)
+  if info.error_code == "ECONNREFUSED" then
+    return string.format("the Docker daemon at %s is not answering (%s)", h.daemon.endpoint, info.error),
+      "daemon_unavailable"
+  end
+  return info.error, info.error_code
+end
+
+-- The OOM killer's count in the box's memory cgroup (v2 memory.events, v1
+-- memory.oom_control) and the box's memory limit, read inside the box.
+local OOM_SCRIPT = [[
+for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do
+  [ -r "$f" ] && grep '^oom_kill ' "$f" && break
+done
+cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null
+]]
+
+local function oom_state(h)
+  local req = { argv = { "sh", "-c", OOM_SCRIPT }, env = {},
+    capture = { stdout = { head = 1024, tail = 0 }, stderr = { head = 0, tail = 0 }, output = { head = 0, tail = 0 } } }
+  local id = exec_create(h, req)
+  if not id then return nil end
+  local s = open_stream(h, id, req)
+  if s:wait(pol().kill_timeout) ~= "eof" then s:close() return nil end
+  local out = s:captured("stdout")
+  local n = tonumber(out:match("oom_kill (%d+)"))
+  local limit = tonumber(out:match("\n(%d+)\n"))
+  if limit and limit >= 2 ^ 62 then limit = nil end   -- cgroup v1's "no limit"
+  return n, limit
+end
+
+-- Whether a command that ended with SIGKILL's status was ended by the
+-- OOM killer: the box's count went up since sbx last looked (the count is
+-- per box, so it is read after each such exit; a box restart resets it).
+local function oom_check(h, job)
+  local n, limit = oom_state(h)
+  if not n then return end
+  local seen = h.oom_kills or 0
+  if n < seen then seen = 0 end
+  h.oom_kills = n
+  if n > seen then job.oom_killed, job.memory_limit = true, limit end
+end
+
+-- What the daemon said when it could not start a finished exec's process,
+-- or nil when the process ran (and its exit code is its own, 126 too).
+-- Docker: exit 126 with no process (Pid 0), its reason in the stream.
+-- Podman forgets the Pid of every finished exec: its runtime's failure is
+-- exit 126 or 127 with the runtime's "Error: ...: OCI ..." on stderr.
+local function never_started(h, r, job)
+  local said = job.stream:captured("output")
+  if said == "" then said = job.stream:captured("stderr") .. job.stream:captured("stdout") end
+  said = said:gsub("%s+$", "")
+  if not h.daemon.podman then
+    if r.ExitCode == 126 and r.Pid == 0 then return said end
+  elseif (r.ExitCode == 126 or r.ExitCode == 127) and said:match("^Error: [%w%-]+: ") and said:find(": OCI ", 1, true) then
+    return said
+  end
+end
+
 -- finish(handle, job) -> exit code, read once the stream has ended. The
 -- daemon forgets finished execs after minutes, so callers keep the value.
+-- A command the daemon could not start (it says exit 126 but never had a
+-- process) is nil, the daemon's words, "exec_failed"; a command the OOM
+-- killer ended gets job.oom_killed and job.memory_limit.
 function M.finish(h, job, deadline)
   if job.exit_code then return job.exit_code end
   local info = job.stream:info()
+  if info.error_code then return nil, M.stream_error(h, info) end
   if info.status ~= 200 and info.status ~= 101 then
     local j = info.body and json.decode(info.body)
     local msg = type(j) == "table" and j.message or info.body or "no answer"
@@ -617,6 +682,12 @@ function M.finish(h, job, deadline)
     end
     -- Podman reports ExitCode 0 while running: trust Running first.
     if not r.Running and r.ExitCode ~= json.null and r.ExitCode ~= nil then
+      local refused = never_started(h, r, job)
+      if refused then
+        return nil, "the daemon could not start the command: " .. (refused ~= "" and refused or "exit 126 without a process"),
+          "exec_failed"
+      end
+      if r.ExitCode == 137 then oom_check(h, job) end
       job.exit_code = r.ExitCode
       return r.ExitCode
     end

@@ -85,8 +85,8 @@ for _, m in ipairs { "wait", "captured", "read", "info" } do
   JobStream[m] = function(self, ...) return self.sink[m](self.sink, ...) end
 end
 
-function JobStream:take()
-  local out, err = self.sink:take()
+function JobStream:take(raw)
+  local out, err = self.sink:take(raw)
   local job = self.job
   for s = 1, 2 do
     if job.owed[s] > 0 and not job.st.dead and job.st.jobs[job.id] then
@@ -97,9 +97,12 @@ function JobStream:take()
   return out, err
 end
 
-function JobStream:close()
+-- Frees the capture's memory for good (an evicted background log).
+function JobStream:release() return self.sink:release() end
+
+function JobStream:close(code, message)
   local job = self.job
-  if not self.sink:info().eof then self.sink:close() end
+  if not self.sink:info().eof then self.sink:close(code, message) end
   -- Nothing more is read for it; the agent still reaps its tree.
   if job.st.jobs[job.id] and not job.done then send(job.st, T.FORGET, job.id) end
   job.st.jobs[job.id] = nil
