@@ -761,6 +761,7 @@ start_job(uint32_t id, struct spawn_req *rq)
   j->status_fd = st_p[0];
   set_nonblock(j->out_fd[1]);
   set_nonblock(j->out_fd[2]);
+  set_nonblock(j->status_fd);
   if (j->in_fd >= 0)
     set_nonblock(j->in_fd);
   j->next = A.jobs;

@@ -252,6 +252,9 @@ function outcome.exec(r)
     exit_code = r.exit_code, signal = r.signal, timed_out = r.timed_out, timeout = r.timeout,
     truncated = r.truncated, duration = r.duration, stdout_bytes = r.stdout_bytes,
     stderr_bytes = r.stderr_bytes, box_restarted = r.box_restarted, kill_error = r.kill_error,
+    kill_confirmed = r.kill_confirmed, kill_method = r.kill_method, error_code = r.error_code,
+    ended_processes = r.ended_processes and json.array(copy(r.ended_processes)) or nil,
+    oom_killed = r.oom_killed, memory_limit = r.memory_limit,
     parts = parts_of(r),
   }
 end

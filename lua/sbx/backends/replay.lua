@@ -166,6 +166,8 @@ local function rebuild(command, res)
     timed_out = res.timed_out, timeout = res.timeout, command = command,
     exit_code = res.exit_code, signal = res.signal, duration = res.duration,
     box_restarted = res.box_restarted, kill_error = res.kill_error,
+    kill_confirmed = res.kill_confirmed, kill_method = res.kill_method, error_code = res.error_code,
+    ended_processes = res.ended_processes, oom_killed = res.oom_killed, memory_limit = res.memory_limit,
   })
 end
 
