@@ -65,8 +65,9 @@ policy.box = {
   -- included; past it creation fails with "daemon_unresponsive".
   -- How commands reach the box: "auto" (sbx-agent, one channel for every
   -- command, where it can be placed; else "exec"), "agent" (fail if it
-  -- cannot be placed) or "exec" (one backend command per command).
-  transport = "auto",
+  -- cannot be placed) or "exec" (one backend command per command). "exec"
+  -- stays the default until the agent passes the whole suite.
+  transport = "exec",
   create_timeout = 300,
   -- Seconds box:close() (and every box at exit) may take; past it the box
   -- is left to a background retry and to `sbx reap`. Exit never hangs on a
@@ -543,6 +544,7 @@ policy.fargate = {
   start_timeout = 600,                  -- seconds from RunTask to a running exec agent
   poll_interval = 0.5,                  -- seconds between DescribeTasks polls (one call for all waiting boxes)
   exec_connect_timeout = 30,            -- seconds ExecuteCommand is retried on TargetNotConnectedException
+  exec_connect_backoff = { base = 0.2, max = 2 },  -- seconds between those tries, doubling
   stop_reason = "sbx: box closed",
   -- A command whose data channel drops is killed in the task, by a new
   -- session; tried this many times, this many seconds apart.
@@ -579,6 +581,11 @@ policy.aws = {
   connect_timeout = 10,         -- seconds per attempt to connect
   -- Temporary credentials are fetched again when this many seconds or fewer
   -- remain; if that fails they are still used until `refresh_mandatory`.
+  -- The credential endpoints, as the SDKs default them: ECS container
+  -- credentials (timeout per try, tries) and IMDSv2 (timeout, unless
+  -- AWS_METADATA_SERVICE_TIMEOUT says; the session token's lifetime).
+  container_timeout = 2, container_attempts = 3,
+  imds_timeout = 1, imds_token_ttl = 21600,
   refresh_advisory = 15 * 60,
   refresh_mandatory = 10 * 60,
   -- Error codes worth another attempt (sets: a policy may add or drop one).

@@ -161,6 +161,14 @@ end
 ---------------------------------------------------------------------------
 -- HTTP providers.
 
+-- The metadata endpoints' timeouts and tries, as the SDKs set them
+-- (policy.aws; environment variables the SDKs read win where they exist).
+local function meta_pol()
+  local ok, sbx = pcall(require, "sbx")
+  return ok and sbx.policy and sbx.policy.aws or { container_timeout = 2, container_attempts = 3,
+    imds_timeout = 1, imds_token_ttl = 21600 }
+end
+
 local function http(opts)
   return opts.http_request or require("sbx.http").request
 end
@@ -269,8 +277,9 @@ local function container(opts)
   end
   if token then headers.Authorization = token end
   local last
-  for _ = 1, 3 do
-    local r, msg = http(opts) { url = url, method = "GET", headers = headers, timeout = 2 }
+  local mp = meta_pol()
+  for _ = 1, mp.container_attempts do
+    local r, msg = http(opts) { url = url, method = "GET", headers = headers, timeout = mp.container_timeout }
     if r and r.status == 200 then
       return from_json(r.body, "container-role", "container credentials")
     elseif r then
@@ -293,13 +302,13 @@ local function imds(opts)
     base = (mode and mode:lower() == "ipv6") and "http://[fd00:ec2::254]" or "http://169.254.169.254"
   end
   base = base:gsub("/+$", "")
-  local timeout = tonumber(getenv(opts, "AWS_METADATA_SERVICE_TIMEOUT") or "") or 1
+  local timeout = tonumber(getenv(opts, "AWS_METADATA_SERVICE_TIMEOUT") or "") or meta_pol().imds_timeout
   local v1_disabled = (getenv(opts, "AWS_EC2_METADATA_V1_DISABLED") or ""):lower() == "true"
   local req = http(opts)
 
   local headers = {}
   local r, msg, code = req { url = base .. "/latest/api/token", method = "PUT",
-    headers = { ["x-aws-ec2-metadata-token-ttl-seconds"] = "21600" }, timeout = timeout }
+    headers = { ["x-aws-ec2-metadata-token-ttl-seconds"] = tostring(meta_pol().imds_token_ttl) }, timeout = timeout }
   if r and r.status == 200 then
     headers["x-aws-ec2-metadata-token"] = r.body
   elseif r and (r.status == 403 or r.status == 404 or r.status == 405) then

@@ -743,7 +743,7 @@ M.marker_filter = marker_filter
 local function execute(h, command)
   local c, f = h.clients, h.f
   local deadline = core.now() + f.exec_connect_timeout
-  local delay = 0.2
+  local delay = f.exec_connect_backoff.base
   while true do
     local out, err, code = c.ecs:call("ExecuteCommand", {
       cluster = h.cluster, task = h.arn, container = h.container, command = command, interactive = true,
@@ -753,7 +753,7 @@ local function execute(h, command)
       return nil, "ExecuteCommand failed: " .. tostring(err), code
     end
     core.sleep(delay)
-    delay = math.min(delay * 2, 2)
+    delay = math.min(delay * 2, f.exec_connect_backoff.max)
   end
 end
 
