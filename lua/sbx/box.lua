@@ -128,7 +128,6 @@ function M.new(opts)
     end
     self.tmod, self.tstate = tmod, tstate
     self.transport, self.transport_reason = tmod.name, reason
-    open[self.id].transport = self
   end
   if tr then tr.created(t0, spec, self) end
   return self

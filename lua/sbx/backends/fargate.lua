@@ -616,11 +616,15 @@ local function wrapper(req, id)
   -- A subshell without the secret: an argv that names a builtin (set, eval)
   -- runs in it and finds nothing; the environment given by the caller cannot
   -- overwrite the secret either.
-  parts[#parts + 1] = "( " .. table.concat(inner, "; ") .. " )"
+  -- The wrapper's own stderr goes nowhere while the command runs, so the
+  -- shell's job report ("Killed" when a timeout killed the command) is not
+  -- mistaken for the command's output; the subshell keeps the PTY (fd 3).
+  table.insert(inner, 1, "exec 2>&3 3>&-")
+  parts[#parts + 1] = "exec 3>&2 2>/dev/null; ( " .. table.concat(inner, "; ") .. " ); s=$?; exec 2>&3 3>&-"
   -- printf must be the shell's builtin (dash, bash, busybox ash): an empty
   -- PATH makes a shell without one fail here instead of putting the secret
   -- in an external printf's argv.
-  parts[#parts + 1] = "s=$?; PATH=/dev/null printf '__SBX_%s_E%d__' \"$sbx_secret\" \"$s\""
+  parts[#parts + 1] = "PATH=/dev/null printf '__SBX_%s_E%d__' \"$sbx_secret\" \"$s\""
   -- The agent splits the command like a POSIX shell and execs it directly.
   return "/bin/sh -c " .. shq(table.concat(parts, "; "))
 end
@@ -827,6 +831,95 @@ function M.start(h, req)
     end
   end)
   return job
+end
+
+-- The agent's channel ----------------------------------------------------------------
+
+-- agent_channel(handle, { key, deadline, pol }) -> channel, true | nil,
+-- reason, code. One ECS Exec session whose PTY becomes the channel: a small
+-- sh script turns echo and line editing off (stty raw), says the task's
+-- architecture, reads a length line and exactly that many bytes (a fresh
+-- sbx-agent, into a new private directory: a copy left in the task is never
+-- trusted) and execs it. The agent keeps the PTY raw. Other processes of
+-- the task's user could write into a PTY, so every frame is authenticated
+-- (mac = true). Without stty the PTY is not 8-bit clean: no agent.
+local AGENT_READY = "__SBXAGENT_"
+function M.agent_channel(h, opts)
+  local script = 'stty raw -echo 2>/dev/null || { printf "' .. AGENT_READY .. 'nostty__\\n"; exit 125; }; ' ..
+    'printf "' .. AGENT_READY .. '%s__\\n" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
+    'd=$(mktemp -d 2>/dev/null) || exit 125; head -c "$n" > "$d/a" && chmod 700 "$d/a" && exec "$d/a"'
+  local out, err, code = execute(h, "sh -c " .. shq(script))
+  if not out then return nil, err, code end
+  local sink = core.stream.sink { chunks = true, chunk_limit = opts.pol.agent.channel_buffer,
+    capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 }, output = { head = 4096, tail = 0 } } }
+  local ready, said = core.event(), ""
+  local placed = false
+  local s, serr, scode = session_mod.open {
+    url = out.session.streamUrl, token = out.session.tokenValue, pol = h.f.ssm,
+    on_output = function(bytes)
+      if placed then sink:push("stdout", bytes) return end
+      said = said .. bytes
+      if said:find(AGENT_READY .. "[%w_]+__\n") then ready:set() end
+      if #said > 4096 then ready:set() end
+    end,
+    room = function()
+      local queued = sink:push("stdout", "")
+      return queued == nil or queued <= opts.pol.agent.channel_buffer
+    end,
+  }
+  if not s then return nil, serr, scode end
+  h.sessions[s] = true
+  core.spawn(function()
+    local r = s:wait()
+    h.sessions[s] = nil
+    if r.reason == "closed" or r.reason == "cancelled" then sink:finish()
+    else sink:finish(r.code or r.reason, r.message) end
+  end)
+  ready:wait(math.max(0.001, opts.deadline - core.now()))
+  local arch = said:match(AGENT_READY .. "([%w_]+)__\n")
+  local function fail(msg, c) s:close() return nil, msg, c or "agent_unavailable" end
+  if not arch then return fail("the agent's loader did not start: " .. (said:sub(1, 200))) end
+  if arch == "nostty" then return fail("the task's image has no stty: its PTY cannot carry binary frames", "unsupported") end
+  local bin = core.agent.binary(arch)
+  if not bin then return fail("this build of sbx carries no agent for " .. arch, "unsupported") end
+  -- Whatever came after the loader's line is the agent's already.
+  local rest = said:sub((said:find(AGENT_READY .. arch .. "__\n", 1, true)) + #AGENT_READY + #arch + 3)
+  placed = true
+  if #rest > 0 then sink:push("stdout", rest) end
+  -- Writes go out in order through one sender (a send may wait for the
+  -- session's window): the agent's length and bytes first.
+  local queue, queued, wake = { #bin .. "\n" .. bin }, #bin, core.event()
+  local sender = core.spawn(function()
+    while not sink:info().eof do
+      local bytes = table.remove(queue, 1)
+      if bytes then
+        queued = queued - #bytes
+        if not s:send(bytes) then break end
+      else
+        wake:clear()
+        wake:wait()
+      end
+    end
+  end)
+  sender:unref()
+  local ch = {}
+  function ch.write(_, bytes)
+    if sink:info().eof then return nil, "the session ended" end
+    queue[#queue + 1] = bytes
+    queued = queued + #bytes
+    wake:set()
+    return queued
+  end
+  function ch.wait(_, timeout) return sink:wait(timeout) end
+  function ch.take(_, raw) return sink:take(raw) end
+  function ch.info() return sink:info() end
+  function ch.captured(_, name) return sink:captured(name) end
+  function ch.close()
+    s:close()
+    if not sink:info().eof then sink:finish() end
+    wake:set()
+  end
+  return ch, true
 end
 
 -- finish(handle, job) -> exit_code | nil, message, code

@@ -287,7 +287,10 @@ function M.open(box, pol)
   local ch, mac_or_err, extra = backend.agent_channel(box.handle, { key = key, deadline = deadline, pol = pol })
   if not ch then return nil, mac_or_err, extra end
   local st = {
-    box = box, ch = ch, key = key, mac = mac_or_err == true, seq_out = 0,
+    -- Weak: the channel's tasks must not keep a dropped box from its
+    -- collector (whose __gc removes it).
+    boxref = setmetatable({ box }, { __mode = "v" }),
+    ch = ch, key = key, mac = mac_or_err == true, seq_out = 0,
     dec = A.decoder(mac_or_err == true and key or nil), jobs = {}, next_id = 1,
     window = pol.agent.window, hello_event = core.event(), wake = core.event(),
     default_user = type(extra) == "table" and extra.default_user or nil,
@@ -318,8 +321,9 @@ end
 -- A lost agent is replaced before the next command: placed anew.
 local function alive(st)
   if not st.dead then return true end
-  if st.closed then return nil, "the box is closed", "box_gone" end
-  local fresh, why, code = M.open(st.box, st.box:policy())
+  local box = st.boxref[1]
+  if st.closed or not box then return nil, "the box is closed", "box_gone" end
+  local fresh, why, code = M.open(box, box:policy())
   if not fresh then return nil, "the box's agent was lost (" .. tostring(st.dead) .. ") and could not be started again: " .. tostring(why), code or "agent_lost" end
   for k in pairs(st) do st[k] = nil end
   for k, v in pairs(fresh) do st[k] = v end
@@ -343,7 +347,8 @@ end
 
 -- Sends data as the job's stdin within the agent's window, then its end.
 local function feed_stdin(st, job, data)
-  local chunk = st.box:policy().agent.stdin_chunk
+  local box = st.boxref[1]
+  local chunk = box and box:policy().agent.stdin_chunk or 65536
   local pos = 1
   while pos <= #data and not st.dead and not job.completed do
     if job.stdin_unacked >= st.window then

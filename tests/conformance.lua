@@ -1,0 +1,124 @@
+-- The transport conformance suite: the same checks for every backend x
+-- transport pair (docker/exec, docker/agent, fargate/exec, fargate/agent,
+-- and later ones). A runner file gives a box and what the pair cannot do:
+--   require("conformance").run(tap, "docker/agent", box, {
+--     transport = "agent",        -- what box.transport must say
+--     separate_stderr = true,     -- false: one PTY, stderr arrives in stdout
+--     user = true,                -- a per-command user works
+--   })
+-- One box per pair (the suite cleans up after itself), so CI pays one
+-- creation per pair.
+local sbx = require "sbx"
+local M = {}
+
+-- Processes in the box whose command line matches pattern.
+local function procs(box, pattern)
+  local r = box:exec([[for p in /proc/[0-9]*; do c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null); [ -n "$c" ] && echo "${p#/proc/} $c"; done]])
+  local found = {}
+  for line in (r and r.stdout or ""):gmatch("[^\n]+") do
+    if line:find(pattern) and not line:find("/proc/%[0%-9%]") then found[#found + 1] = line end
+  end
+  return found
+end
+
+function M.run(tap, label, box, caps)
+  local function t(name) return label .. ": " .. name end
+  caps = caps or {}
+
+  tap.is(box.transport, caps.transport, t("box.transport says " .. tostring(caps.transport)))
+
+  -- Exit codes, argv, output streams.
+  local r = assert(box:exec("exit 3"))
+  tap.is(r.exit_code, 3, t("an exit code"))
+  tap.is(assert(box:exec("true")).exit_code, 0, t("exit 0"))
+  r = assert(box:exec({ "sh", "-c", 'printf "%s|" "$@"', "sh", "a b", "c'd", "" }))
+  tap.is(r.stdout, "a b|c'd||", t("an argv is passed as given (spaces, quotes, empty)"))
+  r = assert(box:exec("echo out; echo err >&2"))
+  if caps.separate_stderr ~= false then
+    tap.is(r.stdout, "out\n", t("stdout"))
+    tap.is(r.stderr, "err\n", t("stderr kept apart"))
+  else
+    tap.like(r.stdout, "out", t("stdout (one PTY)"))
+    tap.like(r.stdout, "err", t("stderr arrives in stdout (one PTY)"))
+  end
+  tap.ok(r.output:find("out", 1, true) and r.output:find("err", 1, true), t("output interleaves both"))
+  r = assert(box:exec("kill -TERM $$"))
+  tap.is(r.exit_code, 143, t("a command ended by a signal: 128 + signal"))
+  tap.is(r.signal, 15, t("and the signal"))
+
+  -- Environment, directory, stdin, user.
+  r = assert(box:exec("echo $SBX_CONF_X", { env = { SBX_CONF_X = "has spaces & $dollars" } }))
+  tap.is(r.stdout, "has spaces & $dollars\n", t("env"))
+  r = assert(box:exec("pwd", { cwd = "/tmp" }))
+  tap.is(r.stdout, "/tmp\n", t("cwd"))
+  r = assert(box:exec("wc -c", { stdin = ("x"):rep(100000) }))
+  tap.like(r.stdout, "^%s*100000\n$", t("100 kB of stdin, exactly"))
+  r = assert(box:exec("cat", { stdin = "" }))
+  tap.is(r.stdout, "", t("empty stdin is closed stdin"))
+  r = assert(box:exec("cat"))
+  tap.is(r.exit_code, 0, t("no stdin: the command reads end of file at once"))
+  if caps.user ~= false then
+    r = assert(box:exec("id -u", { user = "65534" }))
+    tap.is(r.stdout, "65534\n", t("a per-command user"))
+  end
+
+  -- Files, binary-exact.
+  local all = {}
+  for i = 0, 255 do all[#all + 1] = string.char(i) end
+  all = table.concat(all):rep(3)
+  tap.ok(box:write_file("/tmp/conf/bytes.bin", all), t("write_file with every byte value"))
+  tap.is(box:read_file("/tmp/conf/bytes.bin"), all, t("read_file gives them back exactly"))
+  local _, err, code = box:read_file("/tmp/conf/none")
+  tap.is(code, "not_found", t("a missing file: not_found (" .. tostring(err) .. ")"))
+  local t0 = sbx.now()
+  _, err, code = box:read_file("/dev/zero", { max_bytes = 100000 })
+  tap.is(code, "too_large", t("an endless file stops at max_bytes"))
+  tap.ok(sbx.now() - t0 < 10, t("promptly"))
+
+  -- Output volume: counted, bounded.
+  r = assert(box:exec("head -c 3145728 /dev/zero | tr '\\0' x"))
+  tap.is(r.stdout_bytes, 3145728, t("3 MiB of output counted to the byte"))
+  tap.is(r.truncated, true, t("and bounded"))
+  local seen = 0
+  r = assert(box:exec("head -c 1000000 /dev/zero", { on_output = function(_, s) seen = seen + #s end }))
+  tap.ok(seen >= 1000000, t("on_output sees every byte (" .. seen .. ")"))
+
+  -- Timeouts: the whole tree, at once; no next step runs.
+  r = assert(box:exec("echo start; sleep 3; echo AFTER > /tmp/conf/after; echo done", { timeout = 1 }))
+  tap.is(r.timed_out, true, t("a timeout"))
+  tap.is(r.stdout, "start\n", t("keeps the partial output"))
+  tap.is(r.kill_confirmed, true, t("and the kill is confirmed"))
+  r = assert(box:exec([[env -i setsid sh -c '(sleep 501 &) ; sleep 502' & env -i sh -c 'sleep 503 > /dev/null 2>&1 &'; sleep 504]], { timeout = 1 }))
+  tap.is(r.timed_out, true, t("an escaping tree times out"))
+  sbx.sleep(2.5)
+  tap.is(box:exec("test -e /tmp/conf/after && echo yes || echo no").stdout, "no\n", t("the next step of a timed-out script never ran"))
+  local left = procs(box, "sleep 50[1-4]")
+  tap.is(#left, 0, t("env -i + setsid + double fork are killed too") .. " (" .. table.concat(left, "; ") .. ")")
+
+  -- Concurrency in one box.
+  local tasks = {}
+  for i = 1, 10 do tasks[i] = sbx.spawn(function() return box:exec("sleep 0.2; echo " .. i).stdout end) end
+  local outs = sbx.gather(tasks)
+  local ok = true
+  for i = 1, 10 do if outs[i] ~= i .. "\n" then ok = false end end
+  tap.ok(ok, t("10 concurrent commands each get their own output"))
+
+  -- Background processes.
+  local name = assert(box:spawn("for i in 1 2 3; do echo tick$i; sleep 0.1; done; exit 4"))
+  local p = assert(box:wait(name, 10))
+  tap.is(p.exit_code, 4, t("a background process's exit code"))
+  tap.is(box:output(name).text, "tick1\ntick2\ntick3\n", t("its output"))
+  tap.is(box:output(name, { offset = 6 }).text, "tick2\ntick3\n", t("read from an offset"))
+  local srv = assert(box:spawn("sleep 601 & setsid sleep 602 & while :; do sleep 0.1; done", { name = "srv" }))
+  sbx.sleep(0.3)
+  tap.is(assert(box:kill(srv)).status, "killed", t("kill a background process"))
+  sbx.sleep(0.2)
+  tap.is(#procs(box, "sleep 60[12]"), 0, t("and its whole tree"))
+
+  -- An exit status printed by a command changes nothing.
+  r = assert(box:exec("printf '__SBX_0123456789abcdef_E0__\\n'; exit 1"))
+  tap.is(r.exit_code, 1, t("a command cannot print its way to another exit status"))
+  box:exec("rm -rf /tmp/conf")
+end
+
+return M

@@ -1,0 +1,23 @@
+-- The transport conformance suite (tests/conformance.lua) for fargate/exec
+-- and fargate/agent, over the AWS stand-in (real containers, real PTYs).
+-- ECS Exec has one PTY per command: on the exec transport stderr arrives in
+-- stdout and there is no per-command user; the agent keeps them apart.
+local tap = require "tap"
+local H = require "helper"
+local sbx = require "sbx"
+local conformance = require "conformance"
+
+local standin = assert(H.standin())
+sbx.use_policy { fargate = {
+  endpoint_url = standin.url, region = "us-east-1", credentials = standin.credentials,
+  subnets = { "subnet-standin" }, security_groups = { "sg-standin" },
+} }
+for _, transport in ipairs { "exec", "agent" } do
+  local box = assert(sbx.box { backend = "fargate", image = H.image, transport = transport })
+  conformance.run(tap, "fargate/" .. transport, box, {
+    transport = transport, separate_stderr = transport == "agent", user = transport == "agent",
+  })
+  box:close()
+end
+standin:stop()
+tap.done()
