@@ -104,6 +104,8 @@ struct job {
   int in_fd;                  /* command stdin (write end), -1 when closed */
   int out_fd[3];              /* [1] stdout, [2] stderr read ends */
   int status_fd;              /* supervisor's reports */
+  int mark_fd;                /* a session shell's "seq status" lines (fd 3), or -1 */
+  struct buf marks;           /* a partial line of them */
   uint32_t unread[3];         /* sent, not yet credited */
   struct buf in;              /* stdin not yet written */
   int in_eof;                 /* STDIN_EOF arrived: close once in is empty */
@@ -255,6 +257,8 @@ free_job(struct job *j)
   close_fd(&j->out_fd[1]);
   close_fd(&j->out_fd[2]);
   close_fd(&j->status_fd);
+  close_fd(&j->mark_fd);
+  free(j->marks.p);
   free(j->in.p);
   free(j);
   A.njobs--;
@@ -601,14 +605,14 @@ struct spawn_req {
 /* The supervisor: forks the command, reports, reaps, and goes when the
 ** job's last process is gone. Never returns. */
 static void __attribute__((noreturn))
-supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
+supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, int mark_w)
 {
-  int keep[] = { in_r, out_w, err_w, status_w };
+  int keep[] = { in_r, out_w, err_w, status_w, mark_w };
   int errp[2];
   pid_t cmd;
   struct sigaction sa;
   sigset_t all;
-  close_others(keep, 4);
+  close_others(keep, mark_w >= 0 ? 5 : 4);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_parent_death;
@@ -633,6 +637,9 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
     close(status_w);
     setsid();
     if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+      e = errno;
+    /* A session shell reports each command's status on fd 3. */
+    if (!e && mark_w >= 0 && (dup2(mark_w, 3) < 0 || (mark_w != 3 && close(mark_w) != 0)))
       e = errno;
     if (in_r > 2)
       close(in_r);
@@ -681,6 +688,8 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
   close(in_r);
   close(out_w);
   close(err_w);
+  if (mark_w >= 0)
+    close(mark_w);
   report(status_w, 'P', (int32_t)cmd);
   {
     int32_t v;
@@ -715,7 +724,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
 static void
 start_job(uint32_t id, struct spawn_req *rq)
 {
-  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2];
+  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2], mk_p[2] = { -1, -1 };
   struct job *j;
   pid_t sup;
   if (find_job(id)) {
@@ -740,25 +749,33 @@ start_job(uint32_t id, struct spawn_req *rq)
   }
   if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(st_p, O_CLOEXEC) != 0)
     goto fail;
+  if ((rq->flags & SBX_AP_SESSION) && pipe2(mk_p, O_CLOEXEC) != 0)
+    goto fail;
   sup = fork();
   if (sup < 0)
     goto fail;
   if (sup == 0)
-    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1]);
+    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1], mk_p[1]);
   close(in_p[0]);
   close(out_p[1]);
   close(err_p[1]);
   close(st_p[1]);
+  if (mk_p[1] >= 0)
+    close(mk_p[1]);
   j = calloc(1, sizeof *j);
   if (!j)
     die("sbx-agent: out of memory");
   j->id = id;
+  j->mark_fd = -1;
   j->kind = rq->kind;
   j->sup = sup;
   j->in_fd = in_p[1];
   j->out_fd[1] = out_p[0];
   j->out_fd[2] = err_p[0];
   j->status_fd = st_p[0];
+  j->mark_fd = mk_p[0];
+  if (j->mark_fd >= 0)
+    set_nonblock(j->mark_fd);
   set_nonblock(j->out_fd[1]);
   set_nonblock(j->out_fd[2]);
   set_nonblock(j->status_fd);
@@ -913,7 +930,13 @@ on_frame(const struct sbx_ap_frame *f)
   case SBX_AP_SIGNAL:
     if (j && f->len >= 2) {
       int sig = f->payload[0], n = 0;
-      if (f->payload[1] && j->sup > 0)
+      if (f->payload[1] == 2 && j->pid > 0) {
+        /* A session's shell: interrupted (its trap ends the running
+        ** command), its children killed; the shell itself lives on. */
+        kill(j->pid, SIGINT);
+        n = kill_tree(j->pid, sig);
+      }
+      else if (f->payload[1] && j->sup > 0)
         n = kill_tree(j->sup, sig);
       else if (j->pid > 0 && kill(-j->pid, sig) == 0)
         n = 1;
@@ -963,7 +986,9 @@ on_frame(const struct sbx_ap_frame *f)
 
 /* Job events -------------------------------------------------------------------------- */
 
-static void
+/* Forwards what the pipe holds; 1 once it is empty (or ended), 0 when the
+** window or the channel's queue stopped it. */
+static int
 pump_output(struct job *j, int st)
 {
   uint8_t hdr = (uint8_t)st;
@@ -981,10 +1006,70 @@ pump_output(struct job *j, int st)
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return;
+      return 1;
     close_fd(&j->out_fd[st]);
     if (j->id)
       send_frame(SBX_AP_EOF, j->id, &hdr, 1, NULL, 0);
+  }
+  return j->out_fd[st] < 0;
+}
+
+/*
+** A session shell's status lines ("seq status\n" on fd 3): for each, the
+** output the command wrote before it is drained first, then MARK tells the
+** host where that command's output ends and how it ended. The boundary is
+** exact for everything the command wrote before it finished; nothing the
+** command prints can fake it (fd 3 is closed while the command runs).
+*/
+static void process_marks(struct job *j);
+
+static void
+read_marks(struct job *j)
+{
+  uint8_t b[512];
+  ssize_t r;
+  for (;;) {
+    r = read(j->mark_fd, b, sizeof b);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    if (buf_reserve(&j->marks, (size_t)r) != 0)
+      die("sbx-agent: out of memory");
+    memcpy(j->marks.p + j->marks.len, b, (size_t)r);
+    j->marks.len += (size_t)r;
+  }
+  if (r == 0)
+    close_fd(&j->mark_fd);
+  process_marks(j);
+}
+
+/* MARK for each complete status line, once the output before it is out. */
+static void
+process_marks(struct job *j)
+{
+  for (;;) {
+    uint8_t *start = j->marks.p + j->marks.off;
+    uint8_t *nl = memchr(start, '\n', buf_size(&j->marks));
+    unsigned long seq;
+    int status;
+    uint8_t p[8];
+    if (!nl) {
+      if (buf_size(&j->marks) > 256)
+        j->marks.off = j->marks.len;   /* not a status line: dropped */
+      break;
+    }
+    /* The command's output first: it is in the pipes already. When the
+    ** window holds it back, the mark waits (the loop comes back here). */
+    if (j->id && (!pump_output(j, 1) || !pump_output(j, 2)))
+      break;
+    *nl = 0;
+    if (sscanf((char *)start, "%lu %d", &seq, &status) == 2 && j->id) {
+      sbx_ap_put_be32(p, (uint32_t)seq);
+      sbx_ap_put_be32(p + 4, (uint32_t)status);
+      send_frame(SBX_AP_MARK, j->id, p, 8, NULL, 0);
+    }
+    j->marks.off += (size_t)(nl - start) + 1;
   }
 }
 
@@ -1049,7 +1134,7 @@ retire(void)
   struct job *j, *next;
   for (j = A.jobs; j; j = next) {
     next = j->next;
-    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0) {
+    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0 && j->mark_fd < 0) {
       if (j->id)
         send_frame(SBX_AP_DONE, j->id, NULL, 0, NULL, 0);
       free_job(j);
@@ -1165,9 +1250,9 @@ main(int argc, char **argv)
   hello();
   /* The host's HELLO carries the window; until it comes, the default. */
   while (!A.closing || A.jobs) {
-    struct pollfd fds[3 + 4 * 256];
-    struct job *map[3 + 4 * 256];
-    int kinds[3 + 4 * 256];
+    struct pollfd fds[3 + 5 * 256];
+    struct job *map[3 + 5 * 256];
+    int kinds[3 + 5 * 256];
     int n = 0, i;
     struct job *j;
     if (A.closing && buf_size(&A.tx) == 0) {
@@ -1190,7 +1275,7 @@ main(int argc, char **argv)
       map[n] = NULL;
       kinds[n++] = 2;
     }
-    for (j = A.jobs; j && n < (int)(sizeof fds / sizeof *fds) - 4; j = j->next) {
+    for (j = A.jobs; j && n < (int)(sizeof fds / sizeof *fds) - 5; j = j->next) {
       int st;
       for (st = 1; st <= 2; st++) {
         if (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
@@ -1203,6 +1288,11 @@ main(int argc, char **argv)
         fds[n] = (struct pollfd){ j->status_fd, POLLIN, 0 };
         map[n] = j;
         kinds[n++] = 20;
+      }
+      if (j->mark_fd >= 0) {
+        fds[n] = (struct pollfd){ j->mark_fd, POLLIN, 0 };
+        map[n] = j;
+        kinds[n++] = 21;
       }
       if (j->in_fd >= 0 && buf_size(&j->in) > 0) {
         fds[n] = (struct pollfd){ j->in_fd, POLLOUT, 0 };
@@ -1225,9 +1315,13 @@ main(int argc, char **argv)
       case 11: pump_output(map[i], 1); break;
       case 12: pump_output(map[i], 2); break;
       case 20: read_status(map[i]); break;
+      case 21: read_marks(map[i]); break;
       case 30: write_stdin(map[i]); break;
       }
     }
+    for (j = A.jobs; j; j = j->next)
+      if (buf_size(&j->marks) > 0)
+        process_marks(j);
     retire();
     flush_tx();
   }

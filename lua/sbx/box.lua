@@ -574,14 +574,25 @@ end
 -- can reach the box's processes from outside (backend.host_kill: Docker on
 -- this host) kills just the job's tree; restarting the whole box is the last
 -- resort, and the result then lists the background processes it ended.
-local function kill_tree(self, pol, job, signal)
+local function kill_tree(self, pol, job, signal, tm, ts)
+  tm, ts = tm or self.tmod, ts or self.tstate
   local grace = pol.exec.kill_grace
   local deadline = core.now() + grace
-  local ok, err, code = self.tmod.kill(self.tstate, job, signal or "KILL", deadline)
+  -- While the kill runs, the command's output keeps being read: a stream
+  -- nobody reads can hold up the daemon's other execs, the kill's own too.
+  local draining = true
+  local drainer = core.spawn(function()
+    while draining and not job.stream:info().eof do
+      if job.stream:wait(0.05) == "data" then job.stream:take() end
+    end
+  end)
+  local ok, err, code = tm.kill(ts, job, signal or "KILL", deadline)
+  draining = false
+  drainer:join()
   if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
   if job.stream:info().eof then return { kill_confirmed = true } end
-  if code == "daemon_unresponsive" then
-    return { kill_confirmed = false, kill_error = err, error_code = code }
+  if code == "daemon_unresponsive" or tm ~= self.tmod then
+    return { kill_confirmed = false, kill_error = err, error_code = code or "kill_failed" }
   end
   if self.backend.host_kill then
     local hdeadline = core.now() + grace
@@ -614,12 +625,13 @@ end
 
 -- Runs a transport request to its end or its timeout: the result, or nil,
 -- message, code. Used for user commands and sbx's own helpers alike.
-local function run_request(self, pol, treq, timeout, on_output, command)
+local function run_request(self, pol, treq, timeout, on_output, command, tm, ts)
+  tm, ts = tm or self.tmod, ts or self.tstate
   local started = core.now()
   -- Creating the command is bounded by its own timeout: a daemon frozen
   -- before the call gives "daemon_unresponsive" then, not minutes later.
   treq.deadline = started + timeout
-  local job, err, code = self.tmod.start(self.tstate, treq)
+  local job, err, code = tm.start(ts, treq)
   if not job then return nil, err, code end
   job.started = job.started or started
   local stream = job.stream
@@ -643,13 +655,13 @@ local function run_request(self, pol, treq, timeout, on_output, command)
   if not ok then
     -- Cancelled, interrupted, or the callback raised: the command must not
     -- outlive the call that started it.
-    pcall(kill_tree, self, pol, job)
+    pcall(kill_tree, self, pol, job, nil, tm, ts)
     stream:close()
     error(perr, 0)
   end
   local fields = { timed_out = timed_out, timeout = timeout, command = command }
   if timed_out then
-    for k, v in pairs(kill_tree(self, pol, job)) do fields[k] = v end
+    for k, v in pairs(kill_tree(self, pol, job, nil, tm, ts)) do fields[k] = v end
     stream:close()
   else
     local info = stream:info()
@@ -657,11 +669,12 @@ local function run_request(self, pol, treq, timeout, on_output, command)
       stream:close()
       return nil, stream_failure(self, info)
     end
-    local exit_code, ferr, fcode = self.tmod.finish(self.tstate, job, core.now() + pol.exec.kill_grace)
+    local exit_code, ferr, fcode = tm.finish(ts, job, core.now() + pol.exec.kill_grace)
     if exit_code == nil then return nil, ferr, fcode end
     fields.exit_code = exit_code
     if exit_code >= 128 and exit_code < 160 then fields.signal = exit_code - 128 end
   end
+  if job.session_reset then fields.session_reset = true end
   fields.duration = core.now() - started
   return M.build_result(job, fields, pol)
 end
@@ -995,6 +1008,73 @@ function Box:read_file(path, opts)
   end
   return (stream:captured("stdout"))
 end
+
+-- Sessions: a persistent shell -------------------------------------------------------
+
+local Session = {}
+Session.__index = Session
+M.Session = Session
+
+-- box:session([opts]) -> session | nil, message, code. A shell that keeps
+-- its directory, variables and functions from one command to the next
+-- (session:exec(command, opts), session:close()). A timeout kills only the
+-- running command, and the next command sees the same shell; when the shell
+-- itself was the work (a builtin loop) it is replaced and the result says
+-- session_reset = true. Needs the agent transport ("unsupported" on exec).
+-- opts: env, cwd, user for the shell; shell (an argv; the policy's shell).
+function Box:session(opts)
+  check_open(self)
+  opts = opts or {}
+  if not self.tmod.open_session then
+    return nil, "sessions need the agent transport (this box uses " .. tostring(self.transport) .. ")", "unsupported"
+  end
+  local pol = self:policy()
+  local env = env_list(env_map(pol.exec.env, opts.env))
+  local marker = random_id()
+  env[#env + 1] = "SBX_JOB=" .. marker
+  local spec = { argv = opts.shell or pol.exec.session_shell, env = env, cwd = opts.cwd, user = opts.user }
+  local sess, err, code = self.tmod.open_session(self.tstate, spec)
+  if not sess then return nil, err, code end
+  return setmetatable({ box = self, sess = sess, lock = sbx.semaphore(1), marker = marker }, Session)
+end
+
+-- session:exec(command, opts) -> result | nil, message, code. command is a
+-- string for the shell. opts: timeout, on_output. Hooks and budgets apply
+-- (source "session"); one command at a time.
+function Session:exec(command, opts)
+  local box = self.box
+  check_open(box)
+  if self.closed then error("attempt to use a closed session", 2) end
+  if type(command) ~= "string" then error("a session runs command strings", 2) end
+  opts = opts or {}
+  local pol = box:policy()
+  local req, err, code = admit(box, pol, describe(box, pol, command, { timeout = opts.timeout, source = "session" }, false))
+  if not req then return nil, err, code end
+  if type(req.command) ~= "string" then error("hooks.before_exec: a session command must stay a string", 0) end
+  self.lock:acquire()
+  local treq = make_request(req, nil, nil, opts.on_output ~= nil, pol)
+  treq.marker = self.marker
+  treq.session_command = req.command
+  local started = core.now()
+  local ok, r, rerr, rcode = pcall(run_request, box, pol, treq, req.timeout, opts.on_output, req.command,
+    box.tmod.session_transport, self.sess)
+  self.lock:release()
+  if not ok then error(r, 0) end
+  if not r then
+    account(box, core.now() - started, 0)
+    return nil, rerr, rcode
+  end
+  account(box, r.duration, (r.stdout_bytes or 0) + (r.stderr_bytes or 0))
+  return after_exec(box, pol, req, r)
+end
+
+function Session:close()
+  if self.closed then return end
+  self.closed = true
+  self.sess:close()
+end
+Session.__close = Session.close
+Session.__gc = Session.close
 
 -- Tools for a model bound to this box.
 function Box:tools()

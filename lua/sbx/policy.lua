@@ -100,6 +100,12 @@ policy.exec = {
   },
   chunk_limit = 1 * MiB,        -- output queued for on_output before reading pauses
   kill_grace = 3,               -- seconds to wait for a killed command's stream to end
+  -- The bash tool runs every command of a box in one persistent shell
+  -- (box:session(): cd, variables and functions carry over); lm-deluge's
+  -- word. Needs the agent transport; elsewhere commands run on their own.
+  stateful = false,
+  -- The shell of a session: bash when the box has it, else sh.
+  session_shell = { "sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile; fi; exec sh" },
   -- The longest argument or NAME=value the box's kernel execs (Linux:
   -- MAX_ARG_STRLEN, 32 pages with the final NUL). A longer one is refused
   -- before it starts ("exec_failed"), as the kernel would refuse it.
