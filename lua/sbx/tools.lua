@@ -147,7 +147,17 @@ function handlers.bash(box, a, ctx, pol)
     local p = box.procs[name]
     return pol.format_started({ name = name, command = p.command }, pol)
   end
-  local r, err = box:exec(a.command, { timeout = opt(a.timeout), on_output = ctx and ctx.on_output, source = "tool" })
+  local r, err
+  -- policy.exec.stateful: one shell per box keeps cd and variables between
+  -- calls (where the box's transport has sessions).
+  if pol.exec.stateful and box.session then
+    if not box.tool_session or box.tool_session.closed then box.tool_session = box:session() end
+  end
+  if pol.exec.stateful and box.tool_session then
+    r, err = box.tool_session:exec(a.command, { timeout = opt(a.timeout), on_output = ctx and ctx.on_output })
+  else
+    r, err = box:exec(a.command, { timeout = opt(a.timeout), on_output = ctx and ctx.on_output, source = "tool" })
+  end
   if not r then return pol.format_tool_error(err, pol), true end
   return pol.format_result(r, pol)
 end
