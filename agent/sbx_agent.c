@@ -46,13 +46,15 @@
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef PR_SET_CHILD_SUBREAPER
 #define PR_SET_CHILD_SUBREAPER 36
 #endif
 
-#define CHUNK 65536
+#define CHUNK (256 * 1024)
+#define PIPE_SIZE (1024 * 1024)  /* F_SETPIPE_SZ: fewer, larger reads (best effort) */
 #define OUT_HIGH (1u << 20)      /* channel bytes queued before pipes pause */
 #define MAX_JOBS 4096
 
@@ -107,6 +109,7 @@ struct job {
   int mark_fd;                /* a session shell's "seq status" lines (fd 3), or -1 */
   struct buf marks;           /* a partial line of them */
   uint32_t unread[3];         /* sent, not yet credited */
+  double quiet_until[3];      /* a small read: the pipe gathers until then */
   struct buf in;              /* stdin not yet written */
   int in_eof;                 /* STDIN_EOF arrived: close once in is empty */
   uint64_t in_done;           /* stdin bytes written (for CREDIT) */
@@ -127,6 +130,21 @@ static struct {
   int sig_pipe[2];
   int closing;                /* the channel ended */
 } A;
+
+/* Output that trickles in small reads is left to gather for this long
+** (seconds): a fast writer then goes out in large frames, which costs the
+** box and the daemon's relay far fewer wakeups; an interactive command
+** waits at most this much longer for its bytes. */
+#define BATCH_DELAY 0.0005
+#define BATCH_MIN 65536
+
+static double
+now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -779,6 +797,10 @@ start_job(uint32_t id, struct spawn_req *rq)
   set_nonblock(j->out_fd[1]);
   set_nonblock(j->out_fd[2]);
   set_nonblock(j->status_fd);
+#ifdef F_SETPIPE_SZ
+  fcntl(j->out_fd[1], F_SETPIPE_SZ, PIPE_SIZE);
+  fcntl(j->out_fd[2], F_SETPIPE_SZ, PIPE_SIZE);
+#endif
   if (j->in_fd >= 0)
     set_nonblock(j->in_fd);
   j->next = A.jobs;
@@ -989,17 +1011,22 @@ on_frame(const struct sbx_ap_frame *f)
 /* Forwards what the pipe holds; 1 once it is empty (or ended), 0 when the
 ** window or the channel's queue stopped it. */
 static int
-pump_output(struct job *j, int st)
+pump_output_how(struct job *j, int st, int drain)
 {
   uint8_t hdr = (uint8_t)st;
   uint8_t b[CHUNK];
   while (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
+
     size_t room = A.window - j->unread[st];
     ssize_t r = read(j->out_fd[st], b, room < sizeof b ? room : sizeof b);
     if (r > 0) {
       if (j->id) {
         send_frame(SBX_AP_OUT, j->id, &hdr, 1, b, (size_t)r);
         j->unread[st] += (uint32_t)r;
+      }
+      if (r < BATCH_MIN && !j->exited && !drain) {
+        j->quiet_until[st] = now_s() + BATCH_DELAY;
+        return 1;
       }
       continue;
     }
@@ -1012,6 +1039,12 @@ pump_output(struct job *j, int st)
       send_frame(SBX_AP_EOF, j->id, &hdr, 1, NULL, 0);
   }
   return j->out_fd[st] < 0;
+}
+
+static int
+pump_output(struct job *j, int st)
+{
+  return pump_output_how(j, st, 0);
 }
 
 /*
@@ -1061,7 +1094,7 @@ process_marks(struct job *j)
     }
     /* The command's output first: it is in the pipes already. When the
     ** window holds it back, the mark waits (the loop comes back here). */
-    if (j->id && (!pump_output(j, 1) || !pump_output(j, 2)))
+    if (j->id && (!pump_output_how(j, 1, 1) || !pump_output_how(j, 2, 1)))
       break;
     *nl = 0;
     if (sscanf((char *)start, "%lu %d", &seq, &status) == 2 && j->id) {
@@ -1247,13 +1280,17 @@ main(int argc, char **argv)
   set_cloexec(A.out);
   set_nonblock(A.in);
   set_nonblock(A.out);
+#ifdef F_SETPIPE_SZ
+  fcntl(A.out, F_SETPIPE_SZ, PIPE_SIZE);
+#endif
   hello();
   /* The host's HELLO carries the window; until it comes, the default. */
   while (!A.closing || A.jobs) {
     struct pollfd fds[3 + 5 * 256];
     struct job *map[3 + 5 * 256];
     int kinds[3 + 5 * 256];
-    int n = 0, i;
+    int n = 0, i, timeout_ms = -1;
+    double now = now_s();
     struct job *j;
     if (A.closing && buf_size(&A.tx) == 0) {
       /* The host is gone: end every job and leave. */
@@ -1278,6 +1315,12 @@ main(int argc, char **argv)
     for (j = A.jobs; j && n < (int)(sizeof fds / sizeof *fds) - 5; j = j->next) {
       int st;
       for (st = 1; st <= 2; st++) {
+        if (j->quiet_until[st] > now) {
+          double left = j->quiet_until[st] - now;
+          if (timeout_ms < 0 || left * 1000 < timeout_ms)
+            timeout_ms = (int)(left * 1000) + 1;
+          continue;
+        }
         if (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
           fds[n] = (struct pollfd){ j->out_fd[st], POLLIN, 0 };
           map[n] = j;
@@ -1300,7 +1343,7 @@ main(int argc, char **argv)
         kinds[n++] = 30;
       }
     }
-    if (poll(fds, (nfds_t)n, -1) < 0) {
+    if (poll(fds, (nfds_t)n, timeout_ms) < 0) {
       if (errno == EINTR)
         continue;
       die("sbx-agent: poll: %s", strerror(errno));

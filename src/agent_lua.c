@@ -8,7 +8,8 @@
 **   core.agent.encode(type, id, payload [, key, seq]) -> frame bytes
 **   core.agent.decoder([key]) -> d
 **     d:feed(bytes)         buffers (at most one frame beyond what next took)
-**     d:next() -> type, id, payload | nil (need more) | false, code, message
+**     d:next() -> type, id, payload | nil (need more) | false, code, message;
+**       for an OUT frame: type, id, the output bytes, the stream (1 or 2)
 **     d:buffered() -> bytes waiting
 **   core.agent.HEADER, TAG, KEY, MAX_PAYLOAD, VERSION
 */
@@ -92,7 +93,7 @@ decoder_feed(lua_State *L)
     d->off = 0;
   }
   if (d->len + n > d->cap) {
-    size_t cap = d->cap ? d->cap : 65536;
+    size_t cap = d->cap ? d->cap : 256;
     uint8_t *q;
     while (cap < d->len + n)
       cap *= 2;
@@ -120,12 +121,27 @@ decoder_next(lua_State *L)
       return 1;
     }
     if (used > 0) {
+      int nres = 3;
       d->seq++;
       lua_pushinteger(L, f.type);
       lua_pushinteger(L, (lua_Integer)f.id);
-      lua_pushlstring(L, (const char *)f.payload, f.len);
+      if (f.type == SBX_AP_OUT && f.len >= 1) {
+        /* Output: the bytes, then the stream, so no copy is cut again. */
+        lua_pushlstring(L, (const char *)f.payload + 1, f.len - 1);
+        lua_pushinteger(L, f.payload[0]);
+        nres = 4;
+      } else {
+        lua_pushlstring(L, (const char *)f.payload, f.len);
+      }
       d->off += (size_t)used;
-      return 3;
+      /* An idle channel holds no buffer: a box waiting for its next
+      ** command costs its host almost nothing. */
+      if (d->off == d->len && d->cap > 4096) {
+        free(d->p);
+        d->p = NULL;
+        d->len = d->off = d->cap = 0;
+      }
+      return nres;
     }
     d->failed = used;
   }

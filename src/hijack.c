@@ -14,7 +14,7 @@ sbx_hijack_init(struct sbx_hijack *h)
   h->status = 0;
   h->content_length = -1;
   h->head_len = 0;
-  h->head[0] = '\0';
+  h->head = NULL;
   h->body = NULL;
   h->body_len = 0;
   h->body_seen = 0;
@@ -26,6 +26,14 @@ sbx_hijack_free(struct sbx_hijack *h)
   free(h->body);
   h->body = NULL;
   h->body_len = 0;
+  sbx_hijack_drop_head(h);
+}
+
+void
+sbx_hijack_drop_head(struct sbx_hijack *h)
+{
+  free(h->head);
+  h->head = NULL;
 }
 
 static int
@@ -149,6 +157,10 @@ sbx_hijack_feed(struct sbx_hijack *h, const char *p, size_t n, size_t *used)
   switch (h->state) {
   case SBX_HIJACK_HEAD:
     /* Byte by byte until the blank line: heads are small. */
+    if (!h->head && (h->head = malloc(SBX_HIJACK_HEAD_MAX)) == NULL) {
+      h->state = SBX_HIJACK_DONE;
+      return SBX_HIJACK_E2BIG;
+    }
     for (i = 0; i < n; i++) {
       if (h->head_len >= SBX_HIJACK_HEAD_MAX - 1) {
         *used = i;

@@ -38,7 +38,9 @@ struct sbx_hijack {
                             the status line is not "HTTP/x.y NNN" */
   long content_length;   /* -1 when absent or not a plain decimal number */
   size_t head_len;
-  char head[SBX_HIJACK_HEAD_MAX];  /* NUL-terminated once complete */
+  char *head;            /* NUL-terminated once complete; malloc'd at the
+                            first byte, freed by sbx_hijack_free (a long-lived
+                            stream frees it early with sbx_hijack_drop_head) */
   char *body;            /* error body (malloc'd, NUL-terminated) or NULL;
                             bytes that find no memory are dropped: the body
                             only explains a failure */
@@ -48,14 +50,16 @@ struct sbx_hijack {
 
 void sbx_hijack_init(struct sbx_hijack *h);
 void sbx_hijack_free(struct sbx_hijack *h);
+/* Frees the head once it was read (status and length stay). */
+void sbx_hijack_drop_head(struct sbx_hijack *h);
 
 /*
 ** Takes bytes from p[0..n) and stores in *used how many. In HEAD it stops
 ** right after the blank line, so the caller sees the state change (and can
 ** start writing stdin) before it hands the rest over; in BODY it takes all
 ** n up to the end of the body (Content-Length); in STREAM and DONE none. Returns 0, or SBX_HIJACK_E2BIG when the head
-** reaches SBX_HIJACK_HEAD_MAX - 1 bytes without its blank line (the state is
-** then DONE).
+** reaches SBX_HIJACK_HEAD_MAX - 1 bytes without its blank line, or finds no
+** memory (the state is then DONE).
 */
 int sbx_hijack_feed(struct sbx_hijack *h, const char *p, size_t n,
                     size_t *used);

@@ -260,8 +260,10 @@ feed(struct stream *s, const char *p, size_t n)
     }
     p += used;
     n -= used;
-    if (s->reply.state == SBX_HIJACK_STREAM)
+    if (s->reply.state == SBX_HIJACK_STREAM) {
+      sbx_hijack_drop_head(&s->reply);   /* a channel lives long: 16 KiB less */
       send_stdin(s);
+    }
     else if (s->reply.state == SBX_HIJACK_DONE)
       finish(s, NULL, NULL);
   }
@@ -636,6 +638,10 @@ push_take(lua_State *L, struct stream *s, int which, int raw)
     free(out);
   }
   b->len = 0;
+  /* Nothing stays resident between bursts: an idle channel holds nothing. */
+  free(b->p);
+  b->p = NULL;
+  b->cap = 0;
 }
 
 /*

@@ -118,7 +118,7 @@ policy.exec = {
 -- sbx-agent, the in-box program of the agent transport.
 policy.agent = {
   start_timeout = 30,           -- seconds to place it and hear its hello
-  window = 256 * KiB,           -- bytes in flight per stream (output, stdin) before the sender waits
+  window = 4 * MiB,             -- bytes in flight per stream (output, stdin) before the sender waits
   channel_buffer = 1 * MiB,     -- channel bytes read ahead of the frame reader; then the socket pauses
   stdin_chunk = 64 * KiB,       -- bytes of stdin per frame
   ping_interval = 30,           -- seconds of silence before a keep-alive ping

@@ -50,8 +50,9 @@ for i = 1, 30 do
   cli[i] = sbx.now() - t0
 end
 -- The floor: fork+exec of /bin/true inside the box, 1000 times in a loop.
-local fl = assert(exec:exec("s=$(date +%s%N); i=0; while [ $i -lt 1000 ]; do /bin/true; i=$((i+1)); done; e=$(date +%s%N); echo $(( (e - s) / 1000 ))"))
-local floor = tonumber(fl.stdout) / 1e6   -- seconds per fork+exec (microseconds / 1000 runs)
+local f0 = sbx.now()
+C.exec_ok(agent, "i=0; while [ $i -lt 1000 ]; do /bin/true; i=$((i+1)); done")
+local floor = (sbx.now() - f0) / 1000     -- seconds per fork+exec (one command's overhead spread over 1000)
 local ma, me, mc = median(ta), median(te), median(cli)
 row("exec `/bin/true`, sequential, agent (median, p90)", ms(ma) .. ", " .. ms(pct(ta, 0.9)), "n=" .. n)
 row("the same, exec transport", ms(me), "n=" .. #te)
@@ -66,7 +67,8 @@ for i = 1, 10 do
   kt[i] = r.duration - 0.3
 end
 local left = agent:exec("ps | grep -c 'sleep 10[01]' || true").stdout
-row("timeout kill, deadline to result (agent)", ms(median(kt)) .. " (max " .. ms(pct(kt, 1)) .. ")", "left running: " .. (tonumber(left) - 1))
+row("timeout kill, deadline to result (agent)", ms(median(kt)) .. " (max " .. ms(pct(kt, 1)) .. ")",
+  "left running afterwards: " .. tonumber(left))
 
 -- 16 boxes x 200 execs from coroutines.
 local boxes = {}
@@ -82,15 +84,20 @@ sbx.gather(tasks)
 local rate = 16 * 200 / (sbx.now() - t0)
 row("16 boxes x 200 execs from coroutines, agent", string.format("%.0f execs/s", rate), "")
 
--- Host memory per idle box with an agent.
-C.full_gc()
-local rss0 = C.status_kb("VmRSS")
-local idle = {}
-for i = 1, 50 do idle[i] = C.box { transport = "agent" } end
-C.full_gc()
-local per = (C.status_kb("VmRSS") - rss0) / 50
-row("host memory per idle box with an agent", string.format("%.1f KB", per), "50 boxes")
-for _, b in ipairs(idle) do b:close() end
+-- Host memory per idle box, agent and exec: RSS and Lua heap growth over
+-- IDLE boxes (hundreds, as a harness holds them; a few boxes mostly
+-- measure the allocator's slack).
+local IDLE = tonumber(os.getenv("BENCH_IDLE")) or 200
+for _, tr in ipairs { "agent", "exec" } do
+  C.full_gc()
+  local rss0, lua0 = C.status_kb("VmRSS"), collectgarbage("count")
+  local idle = {}
+  for i = 1, IDLE do idle[i] = C.box { transport = tr } end
+  C.full_gc()
+  row("host memory per idle box, " .. tr, string.format("%.1f KB", (C.status_kb("VmRSS") - rss0) / IDLE),
+    string.format("%d boxes; Lua heap %.1f KB of it", IDLE, (collectgarbage("count") - lua0) / IDLE))
+  for _, b in ipairs(idle) do b:close() end
+end
 for _, b in ipairs(boxes) do b:close() end
 
 -- 1 GiB through one command, both transports.

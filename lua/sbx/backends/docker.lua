@@ -776,6 +776,7 @@ end
 -- The agent's channel ------------------------------------------------------------------
 
 local ARCH = { amd64 = "x86_64", x86_64 = "x86_64", arm64 = "aarch64", aarch64 = "aarch64" }
+local LOADER_GO = "__SBXAGENT_go__\n"
 
 -- A one-file ustar archive (PUT /containers/{id}/archive takes a tar).
 local function tar_one(name, data, mode)
@@ -793,6 +794,13 @@ local function tar_one(name, data, mode)
 end
 M.tar_one = tar_one
 
+-- The agent per architecture, copied out of the library once.
+local agents = {}
+local function agent_binary(arch)
+  agents[arch] = agents[arch] or core.agent.binary(arch)
+  return agents[arch]
+end
+
 -- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra |
 -- nil, reason, code. Places a fresh sbx-agent for the image's architecture
 -- (a new random path each time: a copy left in the box is never trusted):
@@ -808,7 +816,7 @@ function M.agent_channel(h, opts)
   if not arch then
     return nil, string.format("the image is for %s, and sbx carries no agent for it", tostring(facts.arch)), "unsupported"
   end
-  local bin = core.agent.binary(arch)
+  local bin = agent_binary(arch)
   if not bin then return nil, "this build of sbx carries no agent for " .. arch, "unsupported" end
   local argv, preface
   local path = "/.sbx-agent-" .. string.format("%016x", math.random(0))
@@ -827,7 +835,7 @@ function M.agent_channel(h, opts)
   if not argv then
     -- A read-only root: a fresh private directory where the box may write.
     argv = { "sh", "-c", 'umask 077; d=$(mktemp -d 2>/dev/null) || exit 125; head -c ' .. #bin ..
-      ' > "$d/a" && chmod 700 "$d/a" && exec "$d/a"' }
+      ' > "$d/a" && chmod 700 "$d/a" && printf "' .. LOADER_GO .. '" && exec "$d/a"' }
     preface = bin
   end
   local req = { argv = argv, env = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" },
@@ -845,11 +853,42 @@ function M.agent_channel(h, opts)
     chunks = true, chunk_limit = opts.pol.agent.channel_buffer,
     capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } },
   }
-  if preface then ch:write(preface) end
   -- A frozen box (disk past its limit) ends the channel with its code.
   h.channel_job = { stream = ch }
   if h.jobs then h.jobs[h.channel_job] = true end
   h.channel = ch
+  if preface then
+    ch:write(preface)
+    -- Nothing more goes in until the loader has read exactly the agent's
+    -- bytes (busybox head reads ahead through stdio and would eat the key);
+    -- what follows its line is the agent's.
+    local said = ""
+    while not said:find(LOADER_GO, 1, true) do
+      local ev = ch:wait(math.max(0.001, deadline - core.now()))
+      if ev == "timeout" then
+        local why = (ch:captured("stderr") or ""):gsub("%s+$", "")
+        ch:close()
+        return nil, "the agent's loader did not finish" .. (why ~= "" and (": " .. why) or ""), "agent_unavailable"
+      end
+      said = said .. (ch:take(true) or "")
+      if ev == "eof" and not said:find(LOADER_GO, 1, true) then
+        local why = (ch:captured("stderr") or ""):gsub("%s+$", "")
+        return nil, "the agent's loader failed" .. (why ~= "" and (": " .. why) or ""), "agent_unavailable"
+      end
+    end
+    local rest = said:sub(said:find(LOADER_GO, 1, true) + #LOADER_GO)
+    if rest ~= "" then
+      local proxy = setmetatable({}, { __index = function(_, k)
+        return function(_, ...) return ch[k](ch, ...) end
+      end })
+      function proxy.take(_, raw)
+        local out, err = ch:take(raw)
+        if rest then out, rest = rest .. (out or ""), nil end
+        return out, err
+      end
+      return proxy, false, { default_user = facts.user }
+    end
+  end
   return ch, false, { default_user = facts.user }
 end
 

@@ -847,12 +847,13 @@ local AGENT_READY = "__SBXAGENT_"
 function M.agent_channel(h, opts)
   local script = 'stty raw -echo 2>/dev/null || { printf "' .. AGENT_READY .. 'nostty__\\n"; exit 125; }; ' ..
     'printf "' .. AGENT_READY .. '%s__\\n" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
-    'd=$(mktemp -d 2>/dev/null) || exit 125; head -c "$n" > "$d/a" && chmod 700 "$d/a" && exec "$d/a"'
+    'd=$(mktemp -d 2>/dev/null) || exit 125; head -c "$n" > "$d/a" && chmod 700 "$d/a" && ' ..
+    'printf "' .. AGENT_READY .. 'go__\\n" && exec "$d/a"'
   local out, err, code = execute(h, "sh -c " .. shq(script))
   if not out then return nil, err, code end
   local sink = core.stream.sink { chunks = true, chunk_limit = opts.pol.agent.channel_buffer,
     capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 }, output = { head = 4096, tail = 0 } } }
-  local ready, said = core.event(), ""
+  local ready, go, said = core.event(), core.event(), ""
   local placed = false
   local s, serr, scode = session_mod.open {
     url = out.session.streamUrl, token = out.session.tokenValue, pol = h.f.ssm,
@@ -860,7 +861,15 @@ function M.agent_channel(h, opts)
       if placed then sink:push("stdout", bytes) return end
       said = said .. bytes
       if said:find(AGENT_READY .. "[%w_]+__\n") then ready:set() end
-      if #said > 4096 then ready:set() end
+      local g = said:find(AGENT_READY .. "go__\n", 1, true)
+      if g then
+        -- The loader is done reading: what follows is the agent's.
+        placed = true
+        local rest = said:sub(g + #AGENT_READY + 5)
+        if #rest > 0 then sink:push("stdout", rest) end
+        go:set()
+      end
+      if #said > 4096 then ready:set() go:set() end
     end,
     room = function()
       local queued = sink:push("stdout", "")
@@ -882,10 +891,7 @@ function M.agent_channel(h, opts)
   if arch == "nostty" then return fail("the task's image has no stty: its PTY cannot carry binary frames", "unsupported") end
   local bin = core.agent.binary(arch)
   if not bin then return fail("this build of sbx carries no agent for " .. arch, "unsupported") end
-  -- Whatever came after the loader's line is the agent's already.
-  local rest = said:sub((said:find(AGENT_READY .. arch .. "__\n", 1, true)) + #AGENT_READY + #arch + 3)
-  placed = true
-  if #rest > 0 then sink:push("stdout", rest) end
+
   -- Writes go out in order through one sender (a send may wait for the
   -- session's window): the agent's length and bytes first.
   local queue, queued, wake = { #bin .. "\n" .. bin }, #bin, core.event()
@@ -902,6 +908,10 @@ function M.agent_channel(h, opts)
     end
   end)
   sender:unref()
+  -- Nothing more goes in until the loader has read exactly the agent's
+  -- bytes (busybox head reads ahead through stdio and would eat the key).
+  go:wait(math.max(0.001, opts.deadline - core.now()))
+  if not placed then return fail("the agent's loader did not finish: " .. said:sub(1, 200)) end
   local ch = {}
   function ch.write(_, bytes)
     if sink:info().eof then return nil, "the session ended" end

@@ -143,11 +143,20 @@ dispatch[T.STARTED] = function(_, job, p)
   if #p >= 4 then job.pid = string.unpack(">I4", p) end
 end
 
-dispatch[T.OUT] = function(st, job, p)
-  if #p < 1 then return M.lost(st, "a malformed output frame") end
-  local s = p:byte(1)
+-- Credit goes back in batches (a quarter of the window), not per frame.
+local function give_credit(st, job, s, n)
+  local c = (job.credit or 0) + n
+  if c >= st.window // 4 then
+    send(st, T.CREDIT, job.id, string.pack(">BI4", s, c))
+    c = 0
+  end
+  job.credit = c
+  job.credit_stream = s
+end
+
+-- The decoder hands OUT frames over as (bytes, stream).
+dispatch[T.OUT] = function(st, job, bytes, s)
   if s ~= 1 and s ~= 2 then return M.lost(st, "output for an unknown stream") end
-  local bytes = p:sub(2)
   if job.session then
     -- A session shell's output belongs to the command it is running.
     local cur = job.session.current
@@ -159,8 +168,12 @@ dispatch[T.OUT] = function(st, job, p)
   if job.on_bytes then job.on_bytes(job) end
   if q and q > job.chunk_limit then
     job.owed[s] = job.owed[s] + #bytes       -- given back at take()
+  elseif job.credit_stream and job.credit_stream ~= s and job.credit > 0 then
+    send(st, T.CREDIT, job.id, string.pack(">BI4", job.credit_stream, job.credit))
+    job.credit = 0
+    give_credit(st, job, s, #bytes)
   else
-    send(st, T.CREDIT, job.id, string.pack(">BI4", s, #bytes))
+    give_credit(st, job, s, #bytes)
   end
 end
 
@@ -238,10 +251,9 @@ function M.lost(st, why)
     if job.stdin_event then job.stdin_event:set() end
   end
   if st.hello_event then st.hello_event:set() end
-  if st.pong_event then st.pong_event:set() end
 end
 
-local function on_frame(st, ftype, id, payload)
+local function on_frame(st, ftype, id, payload, stream)
   st.last_rx = core.now()
   if id == 0 then
     if ftype == T.HELLO then
@@ -253,7 +265,7 @@ local function on_frame(st, ftype, id, payload)
       st.hello = true
       if st.hello_event then st.hello_event:set() end
     elseif ftype == T.PONG then
-      if st.pong_event then st.pong_event:set() end
+      st.ping_sent = nil
     elseif ftype == T.ERROR then
       local f = fields(payload) or {}
       M.lost(st, string.format("the agent said: %s (%s)", tostring(f[F.MESSAGE]), tostring(f[F.CODE])))
@@ -270,7 +282,7 @@ local function on_frame(st, ftype, id, payload)
   end
   local h = dispatch[ftype]
   if not h then return M.lost(st, string.format("an unknown frame 0x%02x from the agent", ftype)) end
-  h(st, job, payload)
+  h(st, job, payload, stream)
 end
 
 -- The channel reader: one task per box.
@@ -283,10 +295,10 @@ local function reader(st)
       if bytes and #bytes > 0 then
         dec:feed(bytes)
         while not st.dead do
-          local ftype, id, payload = dec:next()
+          local ftype, id, payload, stream = dec:next()
           if ftype == nil then break end
           if ftype == false then M.lost(st, payload) break end
-          on_frame(st, ftype, id, payload)
+          on_frame(st, ftype, id, payload, stream)
         end
       end
     end
@@ -298,21 +310,47 @@ local function reader(st)
 end
 
 -- Keep-alives: idle channels are cut by ECS Exec and load balancers, and a
--- silent agent must not leave commands waiting forever.
-local function pinger(st, pol)
-  local interval, timeout = pol.agent.ping_interval, pol.agent.ping_timeout
-  while not st.dead and not st.closed do
-    local idle = core.now() - (st.last_rx or 0)
-    if idle < interval then
-      st.wake:wait(interval - idle)
-    else
-      st.pong_event = core.event()
-      if not send(st, T.PING, 0, "") then break end
-      if not st.pong_event:wait(timeout) and not st.dead and not st.closed then
-        M.lost(st, string.format("the agent did not answer a ping within %g s", timeout))
+-- silent agent must not leave commands waiting forever. One task for every
+-- channel of the process (a task per box would cost every idle box a
+-- coroutine): each pass pings the channels idle for ping_interval and
+-- declares lost those whose ping went unanswered for ping_timeout.
+local channels = setmetatable({}, { __mode = "k" })   -- st -> true
+local pinger_task
+
+local function pinger()
+  while next(channels) do
+    local now, nearest = core.now(), math.huge
+    for st in pairs(channels) do
+      if st.dead or st.closed then
+        channels[st] = nil
+      else
+        local pol = st.pol.agent
+        if st.ping_sent then
+          if now - st.ping_sent >= pol.ping_timeout then
+            M.lost(st, string.format("the agent did not answer a ping within %g s", pol.ping_timeout))
+            channels[st] = nil
+          else
+            nearest = math.min(nearest, st.ping_sent + pol.ping_timeout - now)
+          end
+        elseif now - st.last_rx >= pol.ping_interval then
+          st.ping_sent = now
+          send(st, T.PING, 0, "")
+          nearest = math.min(nearest, pol.ping_timeout)
+        else
+          nearest = math.min(nearest, st.last_rx + pol.ping_interval - now)
+        end
       end
-      st.pong_event = nil
     end
+    if next(channels) then core.sleep(math.max(0.01, math.min(nearest, 1))) end
+  end
+  pinger_task = nil
+end
+
+local function watch(st)
+  channels[st] = true
+  if not pinger_task then
+    pinger_task = core.spawn(pinger)
+    pinger_task:unref()
   end
 end
 
@@ -335,7 +373,7 @@ function M.open(box, pol)
     boxref = setmetatable({ box }, { __mode = "v" }),
     ch = ch, key = key, mac = mac_or_err == true, seq_out = 0,
     dec = A.decoder(mac_or_err == true and key or nil), jobs = {}, next_id = 1,
-    window = pol.agent.window, hello_event = core.event(), wake = core.event(),
+    window = pol.agent.window, hello_event = core.event(),
     default_user = type(extra) == "table" and extra.default_user or nil,
   }
   -- The mode byte and the key go before any frame.
@@ -356,8 +394,9 @@ function M.open(box, pol)
     return nil, st.dead, "agent_unavailable"
   end
   send(st, T.HELLO, 0, u32(F.VERSION, A.VERSION) .. u32(F.WINDOW, st.window))
-  st.pinger = core.spawn(pinger, st, pol)
-  st.pinger:unref()
+  st.pol = pol
+  st.last_rx = core.now()
+  watch(st)
   return st
 end
 
@@ -627,7 +666,6 @@ end
 function M.close(st)
   if st.closed then return end
   st.closed = true
-  st.wake:set()
   M.lost(st, "the box was closed")
 end
 
