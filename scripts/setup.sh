@@ -33,6 +33,8 @@ packages=(
     # build
     build-essential pkg-config lua5.4 liblua5.4-dev libcurl4-openssl-dev
     libcjson-dev libssl-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
+    # sbx-agent: static for x86_64 (musl) and aarch64 (the cross compiler)
+    musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross
     # runtime
     docker.io iptables ca-certificates
     # image building
@@ -40,6 +42,8 @@ packages=(
     # tests
     valgrind procps psmisc curl socat python3 python3-boto3 python3-botocore
     luarocks man-db groff-base
+    # the aarch64 agent runs under qemu-user in the tests
+    qemu-user-static
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
 # Word splitting is the point: the variable is a space separated list.

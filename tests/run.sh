@@ -127,6 +127,8 @@ fi
 # The AWS stand-in, driven by the official Python client (botocore).
 run_one standin_botocore /usr/bin/python3 tests/standin_botocore_test.py
 run_one standin_ssm /usr/bin/python3 tests/standin_ssm_test.py
+# sbx-agent against an independent client (both architectures; aarch64 under qemu-user).
+run_one agent_proto /usr/bin/python3 tests/agent_proto_test.py "$build"
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
