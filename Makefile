@@ -40,7 +40,7 @@ CFLAGS    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LDFLAGS   += -fsanitize=address,undefined
 endif
 
-LIB_SRCS  := src/host.c src/http.c src/json.c src/stream.c src/text.c \
+LIB_SRCS  := src/host.c src/core.c src/fail.c src/http.c src/json.c src/stream.c src/text.c \
              src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
              src/demux.c src/hijack.c src/proc.c src/agent_proto.c src/sha256.c \
              src/agent_lua.c
@@ -74,8 +74,8 @@ $(BUILD)/%.o: src/%.c | $(BUILD)
 
 # core.commit: host.o embeds the commit, and $(BUILD)/commit changes (so
 # host.o is rebuilt) exactly when the commit does.
-$(BUILD)/host.o: $(BUILD)/commit
-$(BUILD)/host.o: CFLAGS += -DSBX_COMMIT='"$(COMMIT)"'
+$(BUILD)/core.o: $(BUILD)/commit
+$(BUILD)/core.o: CFLAGS += -DSBX_COMMIT='"$(COMMIT)"'
 $(BUILD)/commit: FORCE | $(BUILD)
 	@echo '$(COMMIT)' | cmp -s - $@ || echo '$(COMMIT)' > $@
 

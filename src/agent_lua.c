@@ -14,6 +14,7 @@
 **   core.agent.HEADER, TAG, KEY, MAX_PAYLOAD, VERSION
 */
 #include "host.h"
+#include "modules.h"
 #include "agent_proto.h"
 
 #include <stdlib.h>

@@ -7,6 +7,7 @@
 ** (nested) without re-entering uv_run from inside a callback.
 */
 #include "host.h"
+#include "modules.h"
 #include "sbx.h"
 
 #include <errno.h>
@@ -20,9 +21,6 @@
 #include <unistd.h>
 
 /* The source's git commit, passed by the Makefile; any other build says so. */
-#ifndef SBX_COMMIT
-#define SBX_COMMIT "unknown"
-#endif
 
 static const char HOST_KEY = 'h';
 #define TASK_MT "sbx.task"
@@ -62,17 +60,6 @@ sbx_now(void)
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-int
-sbx_pushfail(lua_State *L, const char *code, const char *fmt, ...)
-{
-  va_list ap;
-  lua_pushnil(L);
-  va_start(ap, fmt);
-  lua_pushvfstring(L, fmt, ap);
-  va_end(ap);
-  lua_pushstring(L, code);
-  return 3;
-}
 
 struct sbx_host *
 sbx_host_get(lua_State *L)
@@ -253,6 +240,38 @@ sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
     return luaL_error(L, "deadlock: this wait can never end (no task, timer or I/O left to wake it)");
   }
   return k(L, LUA_OK, ctx);
+}
+
+static void
+slot_detach(struct sbx_waiter *w)
+{
+  struct sbx_waiter **slot = w->source;
+  if (slot && *slot == w)
+    *slot = NULL;
+  w->source = NULL;
+}
+
+int
+sbx_await_read(lua_State *L, struct sbx_waiter **slot, double timeout, lua_KFunction k,
+               const char *busy)
+{
+  struct sbx_waiter *w;
+  if (*slot)
+    return luaL_error(L, "%s", busy);
+  w = sbx_op_new(L, sizeof *w, NULL);
+  w->source = slot;
+  w->detach = slot_detach;
+  *slot = w;
+  sbx_waiter_deadline(w, timeout);
+  return sbx_await(L, w, k, 0);
+}
+
+void
+sbx_read_resumed(lua_State *L)
+{
+  struct sbx_waiter *w = lua_touserdata(L, -1);
+  if (w && w->cancelled)
+    sbx_raise_cancelled(L);
 }
 
 int
@@ -776,6 +795,46 @@ signal_cb(uv_signal_t *s, int signum)
   }
 }
 
+void **
+sbx_host_slot(struct sbx_host *h, const void *key)
+{
+  int i;
+  for (i = 0; i < SBX_HOST_SLOTS; i++) {
+    if (h->slots[i].key == key)
+      return &h->slots[i].value;
+    if (!h->slots[i].key) {
+      h->slots[i].key = key;
+      h->slots[i].value = NULL;
+      return &h->slots[i].value;
+    }
+  }
+  luaL_error(h->L, "sbx host: more modules than SBX_HOST_SLOTS");
+  return NULL;
+}
+
+void
+sbx_host_on_close(struct sbx_host *h, int phase, sbx_close_fn fn)
+{
+  int i;
+  for (i = 0; i < h->nhooks; i++)
+    if (h->hooks[i].fn == fn && h->hooks[i].phase == phase)
+      return;
+  if (h->nhooks < SBX_HOST_HOOKS) {
+    h->hooks[h->nhooks].phase = phase;
+    h->hooks[h->nhooks].fn = fn;
+    h->nhooks++;
+  }
+}
+
+static void
+run_hooks(struct sbx_host *h, int phase)
+{
+  int i;
+  for (i = 0; i < h->nhooks; i++)
+    if (h->hooks[i].phase == phase)
+      h->hooks[i].fn(h);
+}
+
 static void
 host_teardown(struct sbx_host *h)
 {
@@ -788,16 +847,17 @@ host_teardown(struct sbx_host *h)
     w->task = NULL;
     waiter_cancel(w, SBX_CANCEL_CLOSE);
   }
-  sbx_http_shutdown(h);
+  run_hooks(h, SBX_CLOSE_ABORT);
   uv_close((uv_handle_t *)&h->sig_int, NULL);
   uv_close((uv_handle_t *)&h->sig_term, NULL);
-  /* lws last: it closes its handles through the running loop and frees
-  ** itself only on a second destroy once the loop ran dry. A wake above
-  ** leaves a uv_stop pending that ends the first run at once: run again. */
-  sbx_ws_shutdown(h);
+  /* Modules that close through the running loop (lws frees itself only on
+  ** a second destroy once the loop ran dry) do it in two phases. A wake
+  ** above leaves a uv_stop pending that ends the first run at once: run
+  ** again. */
+  run_hooks(h, SBX_CLOSE_DRAIN);
   while (uv_run(&h->loop, UV_RUN_DEFAULT) != 0)
     ;
-  sbx_ws_free(h);
+  run_hooks(h, SBX_CLOSE_FREE);
   if (uv_loop_close(&h->loop) != 0) {
     uv_run(&h->loop, UV_RUN_NOWAIT);
     uv_loop_close(&h->loop);
@@ -908,9 +968,13 @@ host_create(lua_State *L)
   return h;
 }
 
-/* require "sbx.core": the C mechanism as one table of submodules. */
+/*
+** The scheduler's part of sbx.core: tasks, events, waits, time, signals.
+** Pushes that table; src/core.c adds the modules to it. The scheduler knows
+** none of them: they keep state in host slots and close through hooks.
+*/
 int
-luaopen_sbx_core(lua_State *L)
+sbx_open_host(lua_State *L)
 {
   host_create(L);
   create_meta(L, TASK_MT, task_meta, task_methods);
@@ -920,30 +984,6 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newlib(L, core_funcs);
-  sbx_open_http(L);
-  lua_setfield(L, -2, "http");
-  sbx_open_json(L);
-  lua_setfield(L, -2, "json");
-  sbx_open_stream(L);
-  lua_setfield(L, -2, "stream");
-  sbx_open_text(L);
-  lua_setfield(L, -2, "text");
-  sbx_open_sigv4(L);
-  lua_setfield(L, -2, "sigv4");
-  sbx_open_ssm(L);
-  lua_setfield(L, -2, "ssm");
-  sbx_open_lines(L);
-  lua_setfield(L, -2, "lines");
-  sbx_open_ws(L);
-  lua_setfield(L, -2, "ws");
-  sbx_open_proc(L);
-  lua_setfield(L, -2, "proc");
-  sbx_open_agent(L);
-  lua_setfield(L, -2, "agent");
-  lua_pushstring(L, SBX_VERSION);
-  lua_setfield(L, -2, "version");
-  lua_pushstring(L, SBX_COMMIT);
-  lua_setfield(L, -2, "commit");
   /* The platform's numbers, for code that tells a closed pipe from other
   ** failures (file:write's third result is an errno). */
   lua_pushinteger(L, EPIPE);

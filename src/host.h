@@ -36,6 +36,12 @@ struct sbx_waiter {
 
 enum { SBX_CANCEL_INTERRUPT = 1, SBX_CANCEL_TASK = 2, SBX_CANCEL_CLOSE = 3 };
 
+#define SBX_HOST_SLOTS 8
+#define SBX_HOST_HOOKS 8
+enum { SBX_CLOSE_ABORT, SBX_CLOSE_DRAIN, SBX_CLOSE_FREE };
+struct sbx_host;
+typedef void (*sbx_close_fn)(struct sbx_host *h);
+
 struct sbx_host {
   uv_loop_t loop;
   lua_State *L;
@@ -48,10 +54,29 @@ struct sbx_host {
   int interrupts;                 /* core.interrupt calls (a signal's effect without one) */
   int interrupt_pending;          /* an interrupt not yet delivered */
   int last_signal;
-  struct sbx_http *http;          /* libcurl multi on the loop, lazily */
-  struct sbx_ws *ws;              /* libwebsockets context on the loop, lazily */
+  /* What modules keep on the host, which knows none of them: state by
+  ** their own key (sbx_host_slot), and what to do when it closes. */
+  struct { const void *key; void *value; } slots[SBX_HOST_SLOTS];
+  struct { int phase; sbx_close_fn fn; } hooks[SBX_HOST_HOOKS];
+  int nhooks;
   int closed;
 };
+
+/*
+** Module state on the host: the slot of key (any unique address of the
+** module's, a static), NULL-initialised on first use. Raises only when
+** every slot is taken (a build with more modules than SBX_HOST_SLOTS).
+*/
+void **sbx_host_slot(struct sbx_host *h, const void *key);
+
+/*
+** A hook run when the host closes, after every pending wait was cancelled,
+** in phase order: SBX_CLOSE_ABORT (stop work in flight), SBX_CLOSE_DRAIN
+** (just before the loop's last run: handles it must close), SBX_CLOSE_FREE
+** (after that run: memory the loop no longer holds). Registering the same
+** fn twice is harmless.
+*/
+void sbx_host_on_close(struct sbx_host *h, int phase, sbx_close_fn fn);
 
 /* The host of a Lua state (created by luaopen_sbx_core). */
 struct sbx_host *sbx_host_get(lua_State *L);
@@ -74,6 +99,21 @@ void sbx_wake(struct sbx_waiter *w);
 */
 int sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx);
 
+/*
+** The wait of a read from a source with one reader slot (a stream, an HTTP
+** body, a line reader, a websocket): raises with busy when *slot holds
+** another reader; otherwise parks a waiter in *slot (cleared again however
+** the wait ends), arms the deadline (timeout < 0: none) and awaits with k.
+** The source must outlive the wait (its userdata is on the waiting stack).
+** May yield, may raise.
+*/
+int sbx_await_read(lua_State *L, struct sbx_waiter **slot, double timeout, lua_KFunction k,
+                   const char *busy);
+
+/* In a read's continuation: raises when the wait was cancelled (an
+** interrupt, a task cancel); returns normally otherwise. */
+void sbx_read_resumed(lua_State *L);
+
 /* Runs the loop until *flag is set (or, for flag NULL, until nothing is left).
 ** Returns 0, or -1 on an interrupt, or -2 when nothing could ever set *flag. */
 int sbx_drive(struct sbx_host *h, const int *flag);
@@ -81,25 +121,12 @@ int sbx_drive(struct sbx_host *h, const int *flag);
 /* Raises the error for a cancelled wait ("interrupted"). */
 int sbx_raise_cancelled(lua_State *L);
 
-/* Pushes nil, message, code and returns 3: environmental failures. */
-int sbx_pushfail(lua_State *L, const char *code, const char *fmt, ...);
+#include "fail.h"   /* sbx_pushfail: nil, message, code */
+int sbx_open_host(lua_State *L);
 
 double sbx_now(void);
 
-/* Lua modules implemented in C. */
-int sbx_open_http(lua_State *L);
-int sbx_open_json(lua_State *L);
-int sbx_open_stream(lua_State *L);
-int sbx_open_text(lua_State *L);
-int sbx_open_sigv4(lua_State *L);
-int sbx_open_ssm(lua_State *L);
-int sbx_open_lines(lua_State *L);
-int sbx_open_ws(lua_State *L);
-int sbx_open_proc(lua_State *L);
-int sbx_open_agent(lua_State *L);
-void sbx_http_shutdown(struct sbx_host *h);
-/* lws goes last, in two halves: before the final uv_run and after it. */
-void sbx_ws_shutdown(struct sbx_host *h);
-void sbx_ws_free(struct sbx_host *h);
+
+
 
 #endif

@@ -12,6 +12,7 @@
 ** the reader resumes it (curl_easy_pause, never from a curl callback).
 */
 #include "host.h"
+#include "modules.h"
 
 #include <curl/curl.h>
 #include <stdlib.h>
@@ -209,12 +210,17 @@ timer_fn(CURLM *multi, long ms, void *userp)
   return 0;
 }
 
+/* The key of this module's state on the host (sbx_host_slot). */
+static const char HTTP_KEY = 'h';
+static void http_shutdown(struct sbx_host *h);
+
 static struct sbx_http *
 http_get(struct sbx_host *h)
 {
   struct sbx_http *http;
-  if (h->http)
-    return h->http;
+  struct sbx_http **slot = (struct sbx_http **)sbx_host_slot(h, &HTTP_KEY);
+  if (*slot)
+    return *slot;
   http = calloc(1, sizeof *http);
   if (!http)
     return NULL;
@@ -228,7 +234,8 @@ http_get(struct sbx_host *h)
   curl_multi_setopt(http->multi, CURLMOPT_MAXCONNECTS, 256L);
   uv_timer_init(&h->loop, &http->timer);
   http->timer.data = http;
-  h->http = http;
+  *slot = http;
+  sbx_host_on_close(h, SBX_CLOSE_ABORT, http_shutdown);
   return http;
 }
 
@@ -238,14 +245,16 @@ http_free_cb(uv_handle_t *t)
   free(t->data);
 }
 
-void
-sbx_http_shutdown(struct sbx_host *h)
+/* The host is closing (SBX_CLOSE_ABORT): every transfer stops. */
+static void
+http_shutdown(struct sbx_host *h)
 {
-  struct sbx_http *http = h->http;
+  struct sbx_http **slot = (struct sbx_http **)sbx_host_slot(h, &HTTP_KEY);
+  struct sbx_http *http = *slot;
   struct http_req *r, *next;
   if (!http)
     return;
-  h->http = NULL;
+  *slot = NULL;
   /* Streamed bodies may outlive the host: stop them, keep their memory. */
   for (r = http->streams; r; r = next) {
     next = r->next;
@@ -511,25 +520,15 @@ body_take(lua_State *L, struct http_req *r)
   return 0;
 }
 
-static void
-reader_detach(struct sbx_waiter *w)
-{
-  struct http_req *r = w->source;
-  if (r && r->reader == w)
-    r->reader = NULL;
-  w->source = NULL;
-}
 
 static int
 body_read_k(lua_State *L, int status, lua_KContext ctx)
 {
-  struct sbx_waiter *w = lua_touserdata(L, -1);
   struct body_ud *ud = luaL_checkudata(L, 1, BODY_MT);
   int n;
   (void)status;
   (void)ctx;
-  if (w->cancelled)
-    return sbx_raise_cancelled(L);
+  sbx_read_resumed(L);
   if (!ud->r)
     return sbx_pushfail(L, "closed", "the body stream was closed");
   if ((n = body_take(L, ud->r)) > 0)
@@ -547,19 +546,12 @@ body_read(lua_State *L)
 {
   struct http_req *r = check_body(L);
   double timeout = luaL_optnumber(L, 2, -1);
-  struct sbx_waiter *w;
   int n;
   lua_settop(L, 1);
   if ((n = body_take(L, r)) > 0)
     return n;
-  if (r->reader)
-    return luaL_error(L, "another task is already reading this body stream");
-  w = sbx_op_new(L, sizeof *w, NULL);                      /* [ud, op] */
-  w->source = r;
-  w->detach = reader_detach;
-  r->reader = w;
-  sbx_waiter_deadline(w, timeout);
-  return sbx_await(L, w, body_read_k, 0);
+  return sbx_await_read(L, &r->reader, timeout, body_read_k,
+                        "another task is already reading this body stream");
 }
 
 /* body:close(): aborts the transfer. Idempotent; also __gc and __close. */

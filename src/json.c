@@ -8,7 +8,8 @@
 ** in the metatable field __jsonorder come first, in that order.
 */
 #define _GNU_SOURCE
-#include "host.h"
+#include "fail.h"
+#include "modules.h"
 #include "capture.h"
 
 #include <cjson/cJSON.h>

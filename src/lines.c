@@ -4,6 +4,7 @@
 ** so one task can read requests while others run tools. Lines are bounded.
 */
 #include "host.h"
+#include "modules.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -130,14 +131,6 @@ read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
   }
 }
 
-static void
-reader_detach(struct sbx_waiter *w)
-{
-  struct lines *l = w->source;
-  if (l && l->reader == w)
-    l->reader = NULL;
-  w->source = NULL;
-}
 
 /*
 ** Pushes the next line (without its newline) or nil, reason. A line longer
@@ -180,13 +173,11 @@ push_line(lua_State *L, struct lines *l)
 static int
 read_k(lua_State *L, int status, lua_KContext ctx)
 {
-  struct sbx_waiter *w = lua_touserdata(L, -1);
   struct lines_ud *ud = luaL_checkudata(L, 1, LINES_MT);
   int n;
   (void)status;
   (void)ctx;
-  if (w->cancelled)
-    return sbx_raise_cancelled(L);
+  sbx_read_resumed(L);
   if (!ud->l)
     return sbx_pushfail(L, "closed", "reader closed");
   n = push_line(L, ud->l);
@@ -233,7 +224,6 @@ lines_read(lua_State *L)
   struct lines_ud *ud = luaL_checkudata(L, 1, LINES_MT);
   struct lines *l = ud->l;
   double timeout = luaL_optnumber(L, 2, -1);
-  struct sbx_waiter *w;
   int n;
   lua_settop(L, 1);
   if (!l)
@@ -249,12 +239,7 @@ lines_read(lua_State *L)
     l->reading = 1;
     uv_read_start(&l->u.stream, alloc_cb, read_cb);
   }
-  w = sbx_op_new(L, sizeof *w, NULL);
-  w->source = l;
-  w->detach = reader_detach;
-  l->reader = w;
-  sbx_waiter_deadline(w, timeout);
-  return sbx_await(L, w, read_k, 0);
+  return sbx_await_read(L, &l->reader, timeout, read_k, "another task is already reading");
 }
 
 static void

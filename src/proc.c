@@ -5,6 +5,7 @@
 ** signals, in which order) stays in Lua.
 */
 #include "host.h"
+#include "modules.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -14,6 +14,7 @@
 ** daemon then blocks the writer: back-pressure, not loss).
 */
 #include "host.h"
+#include "modules.h"
 #include "capture.h"
 #include "demux.h"
 #include "hijack.h"
@@ -546,14 +547,6 @@ stream_open(lua_State *L)
   return 1;
 }
 
-static void
-reader_detach(struct sbx_waiter *w)
-{
-  struct stream *s = w->source;
-  if (s && s->reader == w)
-    s->reader = NULL;
-  w->source = NULL;
-}
 
 static int
 has_data(struct stream *s)
@@ -564,13 +557,11 @@ has_data(struct stream *s)
 static int
 wait_k(lua_State *L, int status, lua_KContext ctx)
 {
-  struct sbx_waiter *w = lua_touserdata(L, -1);
   struct stream_ud *ud = luaL_checkudata(L, 1, STREAM_MT);
   struct stream *s = ud->s;
   (void)status;
   (void)ctx;
-  if (w->cancelled)
-    return sbx_raise_cancelled(L);
+  sbx_read_resumed(L);
   if (!s)
     lua_pushliteral(L, "eof");
   else if (has_data(s))
@@ -591,7 +582,6 @@ stream_wait(lua_State *L)
 {
   struct stream *s = check_stream(L);
   double timeout = luaL_optnumber(L, 2, -1);
-  struct sbx_waiter *w;
   lua_settop(L, 1);
   if (has_data(s)) {
     lua_pushliteral(L, "data");
@@ -601,14 +591,7 @@ stream_wait(lua_State *L)
     lua_pushliteral(L, "eof");
     return 1;
   }
-  if (s->reader)
-    return luaL_error(L, "another task is already waiting on this stream");
-  w = sbx_op_new(L, sizeof *w, NULL);
-  w->source = s;
-  w->detach = reader_detach;
-  s->reader = w;
-  sbx_waiter_deadline(w, timeout);
-  return sbx_await(L, w, wait_k, 0);
+  return sbx_await_read(L, &s->reader, timeout, wait_k, "another task is already waiting on this stream");
 }
 
 static void

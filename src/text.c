@@ -2,7 +2,8 @@
 ** Text hygiene for what a model or a JSON document will read: invalid UTF-8
 ** becomes U+FFFD, and cut points never split a character.
 */
-#include "host.h"
+#include "fail.h"
+#include "modules.h"
 #include "capture.h"
 
 

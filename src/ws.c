@@ -17,6 +17,7 @@
 ** written in frames of at most TX_CHUNK bytes as the socket takes them.
 */
 #include "host.h" /* <uv.h> first: the lws header's libuv glue needs it */
+#include "modules.h"
 
 #include <libwebsockets.h>
 #include <openssl/ssl.h>
@@ -633,6 +634,11 @@ unref_new_handle(uv_handle_t *hd, void *arg)
 ** alive by them alone would hide a deadlock from sbx_drive. Connections'
 ** handles come later and stay referenced.
 */
+/* The key of this module's state on the host (sbx_host_slot). */
+static const char WS_KEY = 'w';
+static void ws_shutdown(struct sbx_host *h);
+static void ws_free(struct sbx_host *h);
+
 static struct sbx_ws *
 ws_get(struct sbx_host *h)
 {
@@ -642,8 +648,9 @@ ws_get(struct sbx_host *h)
   struct sbx_ws *ws;
   struct sigaction pipe_before;
   const char *log = getenv("SBX_WS_LOG");
-  if (h->ws)
-    return h->ws;
+  struct sbx_ws **slot = (struct sbx_ws **)sbx_host_slot(h, &WS_KEY);
+  if (*slot)
+    return *slot;
   ws = calloc(1, sizeof *ws);
   if (!ws)
     return NULL;
@@ -679,7 +686,10 @@ ws_get(struct sbx_host *h)
     return NULL;
   }
   ws->default_vh = lws_get_vhost_by_name(ws->ctx, "default");
-  h->ws = ws;
+  *slot = ws;
+  /* lws goes last, in two halves: before the final uv_run and after it. */
+  sbx_host_on_close(h, SBX_CLOSE_DRAIN, ws_shutdown);
+  sbx_host_on_close(h, SBX_CLOSE_FREE, ws_free);
   return ws;
 }
 
@@ -716,10 +726,10 @@ vhost_for(struct sbx_ws *ws, const char *ca_file)
 }
 
 /* Teardown, first half: lws closes everything while the loop still runs. */
-void
-sbx_ws_shutdown(struct sbx_host *h)
+static void
+ws_shutdown(struct sbx_host *h)
 {
-  struct sbx_ws *ws = h->ws;
+  struct sbx_ws *ws = *(struct sbx_ws **)sbx_host_slot(h, &WS_KEY);
   struct ws_conn *c;
   if (!ws || ws->dying)
     return;
@@ -735,10 +745,11 @@ sbx_ws_shutdown(struct sbx_host *h)
 ** destroy frees the context. Connections a userdata still holds outlive it,
 ** closed and detached.
 */
-void
-sbx_ws_free(struct sbx_host *h)
+static void
+ws_free(struct sbx_host *h)
 {
-  struct sbx_ws *ws = h->ws;
+  struct sbx_ws **slot = (struct sbx_ws **)sbx_host_slot(h, &WS_KEY);
+  struct sbx_ws *ws = *slot;
   struct ws_conn *c, *next;
   struct ws_vhost *v, *vnext;
   if (!ws)
@@ -769,7 +780,7 @@ sbx_ws_free(struct sbx_host *h)
     free(v);
   }
   free(ws);
-  h->ws = NULL;
+  *slot = NULL;
 }
 
 /* ---------------------------------------------------------------- connecting */
@@ -1285,25 +1296,15 @@ recv_take(lua_State *L, struct ws_conn *c)
   return 0;
 }
 
-static void
-reader_detach(struct sbx_waiter *w)
-{
-  struct ws_conn *c = w->source;
-  if (c && c->reader == w)
-    c->reader = NULL;
-  w->source = NULL;
-}
 
 static int
 recv_k(lua_State *L, int status, lua_KContext ctx)
 {
-  struct sbx_waiter *w = lua_touserdata(L, -1);
   struct ws_ud *ud = luaL_checkudata(L, 1, WS_MT);
   int n;
   (void)status;
   (void)ctx;
-  if (w->cancelled)
-    return sbx_raise_cancelled(L);
+  sbx_read_resumed(L);
   if (!ud->c)
     return sbx_pushfail(L, "closed", "the websocket was closed");
   if ((n = recv_take(L, ud->c)) > 0)
@@ -1321,20 +1322,13 @@ ws_recv(lua_State *L)
 {
   struct ws_conn *c = check_ws(L);
   double timeout = luaL_optnumber(L, 2, -1);
-  struct sbx_waiter *w;
   int n;
   luaL_argcheck(L, lua_isnoneornil(L, 2) || timeout >= 0, 2, "negative timeout");
   lua_settop(L, 1);
   if ((n = recv_take(L, c)) > 0)
     return n;
-  if (c->reader)
-    return luaL_error(L, "another coroutine is already waiting in recv on this websocket");
-  w = sbx_op_new(L, sizeof *w, NULL);                      /* [ud, op] */
-  w->source = c;
-  w->detach = reader_detach;
-  c->reader = w;
-  sbx_waiter_deadline(w, timeout);
-  return sbx_await(L, w, recv_k, 0);
+  return sbx_await_read(L, &c->reader, timeout, recv_k,
+                        "another coroutine is already waiting in recv on this websocket");
 }
 
 static int

@@ -591,7 +591,9 @@ local function kill_tree(self, pol, job, signal, tm, ts)
   drainer:join()
   if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
   if job.stream:info().eof then return { kill_confirmed = true } end
-  if code == "daemon_unresponsive" or tm ~= self.tmod then
+  -- Nothing answers (a frozen daemon, a stopped agent): no fallback would
+  -- either; say so by the deadline.
+  if code == "daemon_unresponsive" or code == "agent_unresponsive" or code == "agent_lost" or tm ~= self.tmod then
     return { kill_confirmed = false, kill_error = err, error_code = code or "kill_failed" }
   end
   if self.backend.host_kill then

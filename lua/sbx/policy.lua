@@ -65,9 +65,8 @@ policy.box = {
   -- included; past it creation fails with "daemon_unresponsive".
   -- How commands reach the box: "auto" (sbx-agent, one channel for every
   -- command, where it can be placed; else "exec"), "agent" (fail if it
-  -- cannot be placed) or "exec" (one backend command per command). "exec"
-  -- stays the default until the agent passes the whole suite.
-  transport = "exec",
+  -- cannot be placed) or "exec" (one backend command per command).
+  transport = "auto",
   create_timeout = 300,
   -- Seconds box:close() (and every box at exit) may take; past it the box
   -- is left to a background retry and to `sbx reap`. Exit never hangs on a

@@ -232,20 +232,24 @@ dispatch[T.ERROR] = function(_, job, p)
   complete(job)
 end
 
--- M.lost(st, why): the channel is gone; every pending command fails.
-function M.lost(st, why)
+-- M.lost(st, why [, code]): the channel is gone; every pending command
+-- fails with code ("agent_lost" unless the backend said why: a box frozen
+-- for its disk ends the channel with "disk_exceeded").
+function M.lost(st, why, code)
   if st.dead then return end
   st.dead = why
+  code = code or "agent_lost"
+  local prefix = code == "agent_lost" and "the box's agent was lost: " or ""
   pcall(st.ch.close, st.ch)
   for _, job in pairs(st.jobs) do
     local cur = job.session and job.session.current
     if cur and not cur.completed then
       cur.completed = true
-      cur.sink:finish("agent_lost", "the box's agent was lost: " .. why)
+      cur.sink:finish(code, prefix .. why)
     end
     if not job.completed then
       job.completed = true
-      job.sink:finish("agent_lost", "the box's agent was lost: " .. why)
+      job.sink:finish(code, prefix .. why)
     end
     if job.kill_event then job.kill_event:set() end
     if job.stdin_event then job.stdin_event:set() end
@@ -304,7 +308,9 @@ local function reader(st)
     end
     if ev == "eof" then
       local info = ch:info()
-      M.lost(st, info.error or "the agent ended the channel")
+      -- A code the backend set (disk_exceeded) is the box's, not the agent's.
+      local code = info.error_code ~= "closed" and info.error_code or nil
+      M.lost(st, info.error or "the agent ended the channel", code)
     end
   end
 end
@@ -406,7 +412,10 @@ local function alive(st)
   local box = st.boxref[1]
   if st.closed or not box then return nil, "the box is closed", "box_gone" end
   local fresh, why, code = M.open(box, box:policy())
-  if not fresh then return nil, "the box's agent was lost (" .. tostring(st.dead) .. ") and could not be started again: " .. tostring(why), code or "agent_lost" end
+  if not fresh then
+    if code == "disk_exceeded" or code == "box_gone" then return nil, why, code end
+    return nil, "the box's agent was lost (" .. tostring(st.dead) .. ") and could not be started again: " .. tostring(why), code or "agent_lost"
+  end
   for k in pairs(st) do st[k] = nil end
   for k, v in pairs(fresh) do st[k] = v end
   return true
