@@ -16,7 +16,9 @@ if not d then
 end
 
 local ok, err = pcall(function()
-  sbx.use_policy { box = { create_timeout = 3, destroy_timeout = 2, reap_on_start = false }, exec = { kill_grace = 2 } }
+  -- The exec transport first: every command is a call to the frozen daemon.
+  sbx.use_policy { box = { create_timeout = 3, destroy_timeout = 2, reap_on_start = false, transport = "exec" },
+    exec = { kill_grace = 2 } }
   local grace = sbx.policy.exec.kill_grace
   local me = tostring(sbx.core.pid())
 
@@ -65,6 +67,25 @@ local ok, err = pcall(function()
   local fresh = assert(sbx.box { image = H.busybox, docker_host = d.host })
   tap.is(fresh:exec("echo back").stdout, "back\n", "and the daemon serves new boxes")
   fresh:close()
+
+  -- The agent transport: its channel runs through the frozen daemon too. A
+  -- command still returns by timeout + kill_grace + 1 s, the kill
+  -- unconfirmed; the next command does not hang either.
+  local abox = assert(sbx.box { image = H.busybox, docker_host = d.host, transport = "agent" })
+  tap.is(abox.transport, "agent", "agent: the box runs on the agent")
+  freezer = sbx.spawn(function() sbx.sleep(0.5) d:freeze() end)
+  t0 = sbx.now()
+  r, e = abox:exec("echo start; sleep 30", { timeout = 3 })
+  took = sbx.now() - t0
+  sbx.wait(freezer)
+  tap.ok(took <= 3 + grace + 1, string.format("agent: a command under a frozen daemon returns by timeout + kill_grace + 1 s (%.2f s)", took), e)
+  tap.ok(r and r.timed_out and r.kill_confirmed == false, "agent: timed out, the kill unconfirmed", r and r.error_code)
+  t0 = sbx.now()
+  r, e, code = abox:exec("echo x", { timeout = 2 })
+  took = sbx.now() - t0
+  tap.ok(took <= 2 + grace + 1, string.format("agent: the next command is bounded too (%.2f s)", took), e)
+  d:thaw()
+  abox:close()
 
   -- Exit never hangs: a script ends while the daemon is frozen.
   local dir = os.tmpname()

@@ -1,10 +1,14 @@
 -- The daemon refusing a command, and the daemon vanishing under a box:
 -- errors with their codes (exec_failed, daemon_unavailable), never a
 -- result that looks like the command's own exit code.
+-- These are the exec transport's daemon interactions (each command is a
+-- daemon exec); the agent transport's answers to the same faults are in
+-- tests/agent_attack_test.lua and the conformance suite.
 local tap = require "tap"
 local H = require "helper"
 local sbx = require "sbx"
 
+sbx.use_policy { box = { transport = "exec" } }
 local box = H.box()
 
 -- What the daemon refuses: it starts no process, reports exit 126 and Pid 0.

@@ -821,7 +821,7 @@ function M.agent_channel(h, opts)
   local argv, preface
   local path = "/.sbx-agent-" .. string.format("%016x", math.random(0))
   if not h.read_only then
-    local r, err = http.request {
+    local r, err, ecode = http.request {
       url = d.prefix .. "/containers/" .. h.id .. "/archive?path=/", method = "PUT",
       unix_socket = d.unix_socket, headers = { ["Content-Type"] = "application/x-tar" },
       body = tar_one(path:sub(2), bin, tonumber("700", 8)),
@@ -829,7 +829,8 @@ function M.agent_channel(h, opts)
     }
     if r and r.status < 300 then argv = { path } end
     if not r and err then
-      return nil, "cannot place the agent: " .. tostring(err), "daemon_unresponsive"
+      return nil, string.format("cannot place the agent: the Docker daemon at %s: %s", d.endpoint, tostring(err)),
+        ecode == "timeout" and "daemon_unresponsive" or "daemon_unavailable"
     end
   end
   if not argv then

@@ -413,7 +413,7 @@ local function alive(st)
   if st.closed or not box then return nil, "the box is closed", "box_gone" end
   local fresh, why, code = M.open(box, box:policy())
   if not fresh then
-    if code == "disk_exceeded" or code == "box_gone" then return nil, why, code end
+    if code == "disk_exceeded" or code == "box_gone" or code == "daemon_unavailable" then return nil, why, code end
     return nil, "the box's agent was lost (" .. tostring(st.dead) .. ") and could not be started again: " .. tostring(why), code or "agent_lost"
   end
   for k in pairs(st) do st[k] = nil end
