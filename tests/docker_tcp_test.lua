@@ -24,11 +24,12 @@ if box then
   r = box:exec("sleep 30", { timeout = 1 })
   tap.is(r and r.timed_out, true, "timeouts kill over TCP too")
   box:close()
-  -- A remote daemon: sbx cannot reach the box's processes from here, so a
-  -- fork bomb that leaves the box no pid for the in-box kill makes sbx
-  -- restart the box, and the result names the background processes that
-  -- ended with it.
-  local bomb = assert(sbx.box { image = H.image, docker_host = host, pids = 64 })
+  -- A remote daemon on the exec transport: sbx cannot reach the box's
+  -- processes from here, so a fork bomb that leaves the box no pid for the
+  -- in-box kill makes sbx restart the box, and the result names the
+  -- background processes that ended with it. (The agent transport kills the
+  -- bomb from its supervisor, which needs no new process.)
+  local bomb = assert(sbx.box { image = H.image, docker_host = host, pids = 64, transport = "exec" })
   assert(bomb:spawn("sleep 1000", { name = "server" }))
   r = bomb:exec("bomb(){ bomb | bomb & }; bomb; sleep 100", { timeout = 3 })
   tap.is(r and r.box_restarted, true, "over TCP an unkillable command restarts the box as the last resort")

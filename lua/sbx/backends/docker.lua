@@ -633,7 +633,7 @@ end
 -- Whether a command that ended with SIGKILL's status was ended by the
 -- OOM killer: the box's count went up since sbx last looked (the count is
 -- per box, so it is read after each such exit; a box restart resets it).
-local function oom_check(h, job)
+function M.oom_check(h, job)
   local n, limit = oom_state(h)
   if not n then return end
   local seen = h.oom_kills or 0
@@ -687,7 +687,7 @@ function M.finish(h, job, deadline)
         return nil, "the daemon could not start the command: " .. (refused ~= "" and refused or "exit 126 without a process"),
           "exec_failed"
       end
-      if r.ExitCode == 137 then oom_check(h, job) end
+      if r.ExitCode == 137 then M.oom_check(h, job) end
       job.exit_code = r.ExitCode
       return r.ExitCode
     end

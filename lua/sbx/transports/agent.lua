@@ -484,8 +484,15 @@ function M.start(st, req)
   return job
 end
 
-function M.finish(_, job)
+-- A command that ended with SIGKILL's status may have met the OOM killer:
+-- the backend can tell (oom_check sets job.oom_killed, job.memory_limit).
+function M.finish(st, job)
   if job.error then return nil, job.error, job.error_code end
+  local box = st.boxref and st.boxref[1]
+  if job.status == 137 and box and box.backend.oom_check and not job.oom_checked then
+    job.oom_checked = true
+    box.backend.oom_check(box.handle, job)
+  end
   return job.status
 end
 
