@@ -49,6 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 
+extern char **environ;
+
 #ifndef PR_SET_CHILD_SUBREAPER
 #define PR_SET_CHILD_SUBREAPER 36
 #endif
@@ -109,7 +111,8 @@ struct job {
   int mark_fd;                /* a session shell's "seq status" lines (fd 3), or -1 */
   struct buf marks;           /* a partial line of them */
   uint32_t unread[3];         /* sent, not yet credited */
-  double quiet_until[3];      /* a small read: the pipe gathers until then */
+  double quiet_until;         /* a small read: the job's pipes gather until then
+                                 (both: the streams keep their relative order) */
   struct buf in;              /* stdin not yet written */
   int in_eof;                 /* STDIN_EOF arrived: close once in is empty */
   uint64_t in_done;           /* stdin bytes written (for CREDIT) */
@@ -694,7 +697,12 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
       _exit(run_reader(rq->path) ? 1 : 0);
     if (rq->kind == KIND_WRITE)
       _exit(run_writer(rq->path, rq->mode, rq->flags) ? 1 : 0);
-    exec_path(rq->argv, rq->envp);
+    /* The box's own environment (the image's and the box's variables: the
+    ** agent inherited them, as a docker exec process does), then the
+    ** command's on top. */
+    for (char **ev = rq->envp; *ev; ev++)
+      putenv(*ev);
+    exec_path(rq->argv, environ);
     e = errno;
     dprintf(2, "sbx-agent: cannot run %s: %s\n", rq->argv[0], strerror(e));
     int32_t v = e;
@@ -1025,7 +1033,7 @@ pump_output_how(struct job *j, int st, int drain)
         j->unread[st] += (uint32_t)r;
       }
       if (r < BATCH_MIN && !j->exited && !drain) {
-        j->quiet_until[st] = now_s() + BATCH_DELAY;
+        j->quiet_until = now_s() + BATCH_DELAY;
         return 1;
       }
       continue;
@@ -1315,8 +1323,8 @@ main(int argc, char **argv)
     for (j = A.jobs; j && n < (int)(sizeof fds / sizeof *fds) - 5; j = j->next) {
       int st;
       for (st = 1; st <= 2; st++) {
-        if (j->quiet_until[st] > now) {
-          double left = j->quiet_until[st] - now;
+        if (j->quiet_until > now) {
+          double left = j->quiet_until - now;
           if (timeout_ms < 0 || left * 1000 < timeout_ms)
             timeout_ms = (int)(left * 1000) + 1;
           continue;
