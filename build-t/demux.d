@@ -1,2 +1,0 @@
-build-t/demux.o: src/demux.c src/demux.h
-src/demux.h:

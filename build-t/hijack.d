@@ -1,2 +1,0 @@
-build-t/hijack.o: src/hijack.c src/hijack.h
-src/hijack.h:

@@ -1,9 +1,0 @@
-build-t/host.o: src/host.c src/host.h /usr/include/lua5.4/lua.h \
- /usr/include/lua5.4/luaconf.h /usr/include/lua5.4/lauxlib.h \
- /usr/include/lua5.4/lua.h src/sbx.h
-src/host.h:
-/usr/include/lua5.4/lua.h:
-/usr/include/lua5.4/luaconf.h:
-/usr/include/lua5.4/lauxlib.h:
-/usr/include/lua5.4/lua.h:
-src/sbx.h:
