@@ -18,6 +18,15 @@
 **               kills its tree (PR_SET_PDEATHSIG) instead of leaving orphans.
 **   command     a new session (setsid), stdin/stdout/stderr only, then exec.
 **
+**   relay       "sbx-agent attach NAME", or the channel's process in a
+**               relay mode ('p', 'm'): copies bytes between its stdin/stdout
+**               and the agent's socket, knows no key and no frame.
+**
+** A channel that ends is not the end of the box's commands when the host
+** asked for GRACE: the agent keeps them and waits for the host to attach
+** again (see "Re-attach" in agent_proto.h); what it sent is kept until the
+** host acknowledges it, so the host gets every byte exactly once.
+**
 ** Bounded memory: per stream at most `window` bytes are sent and not yet
 ** credited by the host; past it the agent stops reading that pipe and the
 ** command blocks on write. stdin is acknowledged with CREDIT the same way.
@@ -35,14 +44,18 @@
 #include <grp.h>
 #include <limits.h>
 #include <poll.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -57,8 +70,9 @@ extern char **environ;
 
 #define CHUNK (256 * 1024)
 #define PIPE_SIZE (1024 * 1024)  /* F_SETPIPE_SZ: fewer, larger reads (best effort) */
-#define OUT_HIGH (1u << 20)      /* channel bytes queued before pipes pause */
+#define OUT_HIGH (1u << 20)      /* channel bytes queued or unacknowledged before pipes pause */
 #define MAX_JOBS 4096
+#define MAX_PENDING 4            /* connections proving the key at once */
 
 /* A byte buffer that grows. */
 struct buf {
@@ -121,17 +135,38 @@ struct job {
   struct job *next;
 };
 
+/* A connection to the attach socket that has not proved the key yet. */
+struct pending {
+  int fd;                     /* -1: a free slot */
+  double until;
+  uint8_t nonce[SBX_AP_NONCE];
+  uint8_t got[2 * (SBX_AP_NONCE + SBX_AP_PROOF + 8)];   /* hex */
+  size_t n;
+};
+
 static struct {
-  int in, out;                /* the channel */
+  int in, out;                /* the channel; -1 while detached */
   int mac;
   uint8_t key[SBX_AP_KEY];
   uint64_t seq_in, seq_out;
   uint32_t window;
-  struct buf rx, tx;
+  struct buf rx;
+  /* Frames out: tx.p[tx.off, tx_sent) were written and wait for the host's
+  ** ACK (only with GRACE: else they are dropped once written); [tx_sent,
+  ** tx.len) are not written yet. tx_abs counts the bytes before tx.off
+  ** since the start. */
+  struct buf tx;
+  size_t tx_sent;
+  uint64_t tx_abs;
+  uint64_t rx_pos, rx_acked;  /* bytes of whole frames taken from the host; last acknowledged */
+  uint32_t grace, ack_every;  /* from the host's HELLO */
+  int listen_fd;              /* the attach socket, or -1 */
+  struct pending pend[MAX_PENDING];
+  double detached_since;      /* > 0: no channel, waiting for the host */
   struct job *jobs;
   int njobs;
   int sig_pipe[2];
-  int closing;                /* the channel ended */
+  int closing;                /* the channel ended for good */
 } A;
 
 /* Output that trickles in small reads is left to gather for this long
@@ -185,8 +220,10 @@ static void
 send_frame(uint8_t type, uint32_t id, const void *a, size_t an, const void *b, size_t bn)
 {
   uint32_t len = (uint32_t)(an + bn);
+  size_t before = A.tx.off;
   if (buf_reserve(&A.tx, SBX_AP_HEADER + len + SBX_AP_TAG) != 0)
     die("sbx-agent: out of memory");
+  A.tx_sent -= before - A.tx.off;   /* buf_reserve moved the kept bytes down */
   uint8_t *h = A.tx.p + A.tx.len;
   sbx_ap_header(h, type, id, len);
   if (an)
@@ -224,23 +261,80 @@ send_error(uint32_t id, const char *code, const char *fmt, ...)
   send_frame(SBX_AP_ERROR, id, p, n, NULL, 0);
 }
 
+/* Bytes queued and not yet acknowledged: what pauses the pipes. */
+static size_t
+tx_held(void)
+{
+  return buf_size(&A.tx);
+}
+
+static void detach(const char *why);
+static void listen_attach(void);
+
+/* On a PTY (MAC mode) a burst must not end in bytes the SSM agent would
+** hold back (agent_proto.h, "Padding"): three zero bytes after a tail
+** that is not ASCII. */
+static void
+pad_tail(void)
+{
+  size_t i;
+  int ascii = 1;
+  if (!A.mac || A.tx.len - A.tx_sent == 0 || A.tx.len < 3)
+    return;
+  for (i = A.tx.len - 3; i < A.tx.len; i++)
+    if (A.tx.p[i] & 0x80)
+      ascii = 0;
+  if (ascii)
+    return;
+  size_t before = A.tx.off;
+  if (buf_reserve(&A.tx, 3) != 0)
+    die("sbx-agent: out of memory");
+  A.tx_sent -= before - A.tx.off;
+  memset(A.tx.p + A.tx.len, 0, 3);
+  A.tx.len += 3;
+}
+
 static void
 flush_tx(void)
 {
-  while (buf_size(&A.tx) > 0) {
-    ssize_t w = write(A.out, A.tx.p + A.tx.off, buf_size(&A.tx));
+  pad_tail();
+  while (A.out >= 0 && A.tx_sent < A.tx.len) {
+    ssize_t w = write(A.out, A.tx.p + A.tx_sent, A.tx.len - A.tx_sent);
     if (w > 0) {
-      A.tx.off += (size_t)w;
+      A.tx_sent += (size_t)w;
       continue;
     }
     if (w < 0 && errno == EINTR)
       continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return;
-    A.closing = 1;   /* the host is gone */
-    A.tx.off = A.tx.len = 0;
+      break;
+    detach("the channel's write end closed");
     return;
   }
+  if (!A.grace) {
+    /* No re-attach: nothing is ever sent again, so nothing is kept. */
+    A.tx_abs += A.tx_sent - A.tx.off;
+    A.tx.off = A.tx_sent;
+  }
+}
+
+/* The host has every byte before pos: they need not be kept. */
+static void
+acked_to(uint64_t pos)
+{
+  if (pos > A.tx_abs && pos - A.tx_abs <= A.tx_sent - A.tx.off) {
+    A.tx.off += (size_t)(pos - A.tx_abs);
+    A.tx_abs = pos;
+  }
+}
+
+static void
+send_ack(void)
+{
+  uint8_t b[8];
+  sbx_ap_put_be64(b, A.rx_pos);
+  send_frame(SBX_AP_AGENT_ACK, 0, b, 8, NULL, 0);
+  A.rx_acked = A.rx_pos;
 }
 
 /* Jobs ------------------------------------------------------------------------------ */
@@ -989,6 +1083,12 @@ on_frame(const struct sbx_ap_frame *f)
     return;
   case SBX_AP_PING:
     send_frame(SBX_AP_PONG, f->id, f->payload, f->len, NULL, 0);
+    if (A.grace)
+      send_ack();
+    return;
+  case SBX_AP_ACK:
+    if (f->len == 8)
+      acked_to(sbx_ap_be64(f->payload));
     return;
   case SBX_AP_HELLO: {
     struct sbx_ap_fields it;
@@ -1006,7 +1106,13 @@ on_frame(const struct sbx_ap_frame *f)
       }
       if (tag == SBX_AF_WINDOW && sbx_ap_uint(v, len, &n) == 0 && n >= 4096 && n <= (1u << 30))
         A.window = (uint32_t)n;
+      if (tag == SBX_AF_GRACE && sbx_ap_uint(v, len, &n) == 0 && n <= 86400)
+        A.grace = (uint32_t)n;
+      if (tag == SBX_AF_ACK && sbx_ap_uint(v, len, &n) == 0 && n >= 4096 && n <= OUT_HIGH / 2)
+        A.ack_every = (uint32_t)n;
     }
+    if (A.grace)
+      listen_attach();
     return;
   }
   default:
@@ -1023,7 +1129,7 @@ pump_output_how(struct job *j, int st, int drain)
 {
   uint8_t hdr = (uint8_t)st;
   uint8_t b[CHUNK];
-  while (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
+  while (j->out_fd[st] >= 0 && j->unread[st] < A.window && tx_held() < OUT_HIGH) {
 
     size_t room = A.window - j->unread[st];
     ssize_t r = read(j->out_fd[st], b, room < sizeof b ? room : sizeof b);
@@ -1178,6 +1284,10 @@ retire(void)
     if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0 && j->mark_fd < 0) {
       if (j->id)
         send_frame(SBX_AP_DONE, j->id, NULL, 0, NULL, 0);
+      /* A finished command is a good moment to let the host drop what it
+      ** kept for it (an idle box then keeps nothing). */
+      if (A.grace && A.rx_pos > A.rx_acked)
+        send_ack();
       free_job(j);
     }
   }
@@ -1204,6 +1314,7 @@ read_exact(int fd, void *p, size_t n)
 static void
 read_channel(void)
 {
+  int ended = 0;
   for (;;) {
     ssize_t r;
     if (buf_reserve(&A.rx, CHUNK) != 0)
@@ -1217,7 +1328,7 @@ read_channel(void)
       continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       break;
-    A.closing = 1;   /* end of the channel */
+    ended = 1;   /* end of the channel: the frames before it still count */
     break;
   }
   for (;;) {
@@ -1231,10 +1342,320 @@ read_channel(void)
       flush_tx();
       _exit(3);
     }
-    A.seq_in++;
     A.rx.off += (size_t)used;
+    A.rx_pos += (uint64_t)used;
+    if (f.type == SBX_AP_PAD)
+      continue;
+    A.seq_in++;
     on_frame(&f);
   }
+  if (A.grace && A.rx_pos - A.rx_acked >= A.ack_every)
+    send_ack();
+  if (ended)
+    detach("the channel ended");
+}
+
+/* Re-attach ---------------------------------------------------------------------------- */
+
+static void
+to_hex(const uint8_t *b, size_t n, char *out)
+{
+  static const char digits[] = "0123456789abcdef";
+  size_t i;
+  for (i = 0; i < n; i++) {
+    out[2 * i] = digits[b[i] >> 4];
+    out[2 * i + 1] = digits[b[i] & 15];
+  }
+}
+
+static int
+hex_digit(char c)
+{
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+/* n hex digits into n / 2 bytes; -1 on anything else. */
+static int
+from_hex(const char *h, size_t n, uint8_t *out)
+{
+  size_t i;
+  for (i = 0; i + 1 < n; i += 2) {
+    int a = hex_digit(h[i]), b = hex_digit(h[i + 1]);
+    if (a < 0 || b < 0)
+      return -1;
+    out[i / 2] = (uint8_t)(a << 4 | b);
+  }
+  return 0;
+}
+
+static int
+random_bytes(uint8_t *p, size_t n)
+{
+#ifdef SYS_getrandom
+  if (syscall(SYS_getrandom, p, n, 0) == (long)n)
+    return 0;
+#endif
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  int ok = fd >= 0 && read_exact(fd, p, n) == 0;
+  if (fd >= 0)
+    close(fd);
+  return ok ? 0 : -1;
+}
+
+static socklen_t
+attach_address(struct sockaddr_un *a, const char *name)
+{
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  /* Abstract (a leading NUL): no file a command could replace, and it
+  ** exists on a read-only root. */
+  memcpy(a->sun_path + 1, name, strlen(name));
+  return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name));
+}
+
+/* Opens the attach socket (once). Without one the agent cannot be found
+** again: it says why on stderr and ends with its channel, as without GRACE. */
+static void
+listen_attach(void)
+{
+  char name[SBX_AP_ATTACH_NAME];
+  struct sockaddr_un a;
+  socklen_t alen;
+  int i;
+  if (A.listen_fd >= 0)
+    return;
+  for (i = 0; i < MAX_PENDING; i++)
+    A.pend[i].fd = -1;
+  sbx_ap_attach_name(A.key, name);
+  alen = attach_address(&a, name);
+  A.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (A.listen_fd < 0 || bind(A.listen_fd, (struct sockaddr *)&a, alen) != 0 || listen(A.listen_fd, MAX_PENDING) != 0) {
+    fprintf(stderr, "sbx-agent: no attach socket (%s): a dropped channel ends the commands\n", strerror(errno));
+    close_fd(&A.listen_fd);
+    A.grace = 0;
+  }
+}
+
+static void
+drop_pending(struct pending *p)
+{
+  close_fd(&p->fd);
+  p->n = 0;
+}
+
+/* A connection to the attach socket: only from the agent's own uid (the
+** relay runs as root; a command of another user cannot even knock), then
+** the challenge. When every slot is taken the oldest goes. */
+static void
+on_accept(void)
+{
+  struct pending *p = NULL;
+  struct ucred cr;
+  socklen_t crlen = sizeof cr;
+  uint8_t hello[4 + 2 * SBX_AP_NONCE];
+  int fd, i;
+  while ((fd = accept4(A.listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 || cr.uid != geteuid()) {
+      close(fd);
+      continue;
+    }
+    for (i = 0; i < MAX_PENDING; i++) {
+      if (A.pend[i].fd < 0) {
+        p = &A.pend[i];
+        break;
+      }
+      if (!p || A.pend[i].until < p->until)
+        p = &A.pend[i];
+    }
+    drop_pending(p);
+    if (random_bytes(p->nonce, SBX_AP_NONCE) != 0) {
+      close(fd);
+      continue;
+    }
+    memcpy(hello, SBX_AP_ATTACH_HELLO, 4);
+    to_hex(p->nonce, SBX_AP_NONCE, (char *)hello + 4);
+    if (write(fd, hello, sizeof hello) != (ssize_t)sizeof hello) {
+      close(fd);
+      continue;
+    }
+    p->fd = fd;
+    p->n = 0;
+    p->until = now_s() + SBX_AP_ATTACH_AUTH_SECONDS;
+  }
+}
+
+/* The host's answer to the challenge: on a good proof the connection
+** becomes the channel and every frame from the host's rx on goes again. */
+static void
+on_pending(struct pending *p)
+{
+  uint8_t proof[SBX_AP_PROOF], answer[SBX_AP_PROOF + 8], got[SBX_AP_NONCE + SBX_AP_PROOF + 8];
+  char reply[2 * sizeof answer];
+  const uint8_t *nonce_h = got, *host_proof = got + SBX_AP_NONCE;
+  uint64_t host_rx;
+  ssize_t r = read(p->fd, p->got + p->n, sizeof p->got - p->n);
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return;
+  if (r <= 0) {
+    drop_pending(p);
+    return;
+  }
+  p->n += (size_t)r;
+  if (p->n < sizeof p->got)
+    return;
+  if (from_hex((const char *)p->got, sizeof p->got, got) != 0) {
+    drop_pending(p);
+    return;
+  }
+  sbx_ap_attach_proof(A.key, "host", p->nonce, nonce_h, proof);
+  host_rx = sbx_ap_be64(got + SBX_AP_NONCE + SBX_AP_PROOF);
+  if (!sbx_ap_same(proof, host_proof, SBX_AP_PROOF) || host_rx < A.tx_abs ||
+      host_rx - A.tx_abs > A.tx.len - A.tx.off) {
+    /* Not the host, or a position the agent no longer has. */
+    drop_pending(p);
+    return;
+  }
+  if (A.in >= 0)
+    detach("the host attached again");
+  sbx_ap_attach_proof(A.key, "agent", p->nonce, nonce_h, answer);
+  sbx_ap_put_be64(answer + SBX_AP_PROOF, A.rx_pos);
+  to_hex(answer, sizeof answer, reply);
+  if (write(p->fd, reply, sizeof reply) != (ssize_t)sizeof reply) {
+    drop_pending(p);
+    return;
+  }
+  /* The host has everything before host_rx: the rest goes again. */
+  A.tx.off += (size_t)(host_rx - A.tx_abs);
+  A.tx_abs = host_rx;
+  A.tx_sent = A.tx.off;
+  A.in = A.out = p->fd;
+  p->fd = -1;
+  p->n = 0;
+  A.detached_since = 0;
+  A.rx_acked = A.rx_pos;
+  flush_tx();
+}
+
+/* The channel is gone. With GRACE the agent waits for the host (what it
+** wrote and the host did not acknowledge goes again from where the host
+** says); without, it ends every command and exits. */
+static void
+detach(const char *why)
+{
+  (void)why;
+  if (A.in >= 0) {
+    if (A.in != A.out)
+      close(A.in);
+    close(A.out);
+  }
+  A.in = A.out = -1;
+  A.rx.off = A.rx.len = 0;   /* a frame cut short comes again whole */
+  if (A.grace && A.listen_fd >= 0) {
+    A.tx_sent = A.tx.off;
+    A.detached_since = now_s();
+  } else {
+    A.closing = 1;
+    A.tx.off = A.tx.len = A.tx_sent = 0;
+  }
+}
+
+/* Copies bytes both ways between (in, out) and sock until either side ends:
+** the relay of "attach" and of the relay modes. Knows nothing of frames. */
+static int
+relay(int in, int out, int sock)
+{
+  uint8_t up[CHUNK], down[CHUNK];
+  size_t up_n = 0, up_off = 0, down_n = 0, down_off = 0;
+  int in_open = 1, sock_open = 1;
+  set_nonblock(in);
+  set_nonblock(out);
+  set_nonblock(sock);
+  while ((in_open || up_n > up_off) && (sock_open || down_n > down_off)) {
+    struct pollfd fds[4];
+    int n = 0, i;
+    if (in_open && up_n == up_off)
+      fds[n++] = (struct pollfd){ in, POLLIN, 0 };
+    if (up_n > up_off)
+      fds[n++] = (struct pollfd){ sock, POLLOUT, 0 };
+    if (sock_open && down_n == down_off)
+      fds[n++] = (struct pollfd){ sock, POLLIN, 0 };
+    if (down_n > down_off)
+      fds[n++] = (struct pollfd){ out, POLLOUT, 0 };
+    if (poll(fds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      return 2;
+    }
+    for (i = 0; i < n; i++) {
+      ssize_t r;
+      if (!fds[i].revents)
+        continue;
+      if (fds[i].fd == in && (fds[i].events & POLLIN)) {
+        r = read(in, up, sizeof up);
+        if (r > 0) {
+          up_n = (size_t)r;
+          up_off = 0;
+        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+          in_open = 0;
+        }
+      } else if (fds[i].fd == sock && (fds[i].events & POLLIN)) {
+        r = read(sock, down, sizeof down);
+        if (r > 0) {
+          down_n = (size_t)r;
+          down_off = 0;
+        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+          sock_open = 0;
+        }
+      } else if (fds[i].events & POLLOUT) {
+        int to_sock = fds[i].fd == sock && up_n > up_off;
+        r = to_sock ? write(sock, up + up_off, up_n - up_off) : write(out, down + down_off, down_n - down_off);
+        if (r > 0) {
+          if (to_sock)
+            up_off += (size_t)r;
+          else
+            down_off += (size_t)r;
+        } else if (r < 0 && errno != EAGAIN && errno != EINTR) {
+          return 0;   /* that side is gone */
+        }
+      }
+    }
+    if (!in_open && up_n == up_off)
+      break;   /* the host went: the agent sees the end of this channel */
+    if (!sock_open && down_n == down_off)
+      break;
+  }
+  return 0;
+}
+
+/* "sbx-agent attach NAME": the way back to a running agent. */
+static int
+attach_main(const char *name)
+{
+  struct sockaddr_un a;
+  socklen_t alen;
+  int fd;
+  prctl(PR_SET_DUMPABLE, 0);
+  if (strlen(name) >= sizeof a.sun_path - 1)
+    die("sbx-agent: attach: the name is too long");
+  alen = attach_address(&a, name);
+  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, alen) != 0) {
+    fprintf(stderr, "sbx-agent: no agent to attach to: %s\n", strerror(errno));
+    return 4;
+  }
+  if (isatty(0)) {
+    struct termios t;
+    if (tcgetattr(0, &t) == 0) {
+      cfmakeraw(&t);
+      tcsetattr(0, TCSANOW, &t);
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  return relay(0, 1, fd);
 }
 
 /* Main ------------------------------------------------------------------------------------ */
@@ -1252,17 +1673,57 @@ hello(void)
   send_frame(SBX_AP_HELLO, 0, p, n, NULL, 0);
 }
 
+/* Ends every job's tree: the host is gone for good. */
+static void
+end_all_jobs(void)
+{
+  struct job *j;
+  for (j = A.jobs; j; j = j->next)
+    if (j->sup > 0)
+      kill_tree(j->sup, SIGKILL);
+}
+
+/* The relay modes: the process on the channel forks; the child goes on as
+** the agent in a new session (a backend that kills the channel's process, or
+** hangs up its terminal, leaves it running); the parent relays. */
+static void
+run_beside_channel(void)
+{
+  int sp[2];
+  pid_t pid;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
+    die("sbx-agent: socketpair: %s", strerror(errno));
+  pid = fork();
+  if (pid < 0)
+    die("sbx-agent: fork: %s", strerror(errno));
+  if (pid > 0) {
+    close(sp[0]);
+    _exit(relay(0, 1, sp[1]));
+  }
+  close(sp[1]);
+  setsid();
+  prctl(PR_SET_DUMPABLE, 0);
+  /* The terminal stays the relay's: the agent keeps no fd of it. */
+  close(0);
+  close(1);
+  if (open("/dev/null", O_RDWR | O_CLOEXEC) == 0)
+    dup2(0, 1);
+  A.in = A.out = sp[0];
+}
+
 int
 main(int argc, char **argv)
 {
   struct sigaction sa;
   uint8_t mode;
-  (void)argc;
-  (void)argv;
+  if (argc == 3 && strcmp(argv[1], "attach") == 0)
+    return attach_main(argv[2]);
   A.in = 0;
   A.out = 1;
+  A.listen_fd = -1;
   agent_pid = getpid();
   A.window = 256 * 1024;
+  A.ack_every = 256 * 1024;
   /* No process of the box's user may read our memory, fds or key. */
   prctl(PR_SET_DUMPABLE, 0);
   if (isatty(A.in)) {
@@ -1272,18 +1733,24 @@ main(int argc, char **argv)
       tcsetattr(A.in, TCSANOW, &t);
     }
   }
-  if (read_exact(A.in, &mode, 1) != 0 || (mode != SBX_AP_MODE_PLAIN && mode != SBX_AP_MODE_MAC))
+  if (read_exact(A.in, &mode, 1) != 0 ||
+      ((mode & ~SBX_AP_MODE_RELAY) != SBX_AP_MODE_PLAIN && (mode & ~SBX_AP_MODE_RELAY) != SBX_AP_MODE_MAC))
     die("sbx-agent: expected a mode byte on stdin (this program is started by sbx)");
   if (read_exact(A.in, A.key, sizeof A.key) != 0)
     die("sbx-agent: expected the key");
-  A.mac = mode == SBX_AP_MODE_MAC;
+  A.mac = (mode & ~SBX_AP_MODE_RELAY) == SBX_AP_MODE_MAC;
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  if (mode & SBX_AP_MODE_RELAY) {
+    run_beside_channel();
+    agent_pid = getpid();
+  }
   if (pipe2(A.sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     die("sbx-agent: pipe: %s", strerror(errno));
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigchld;
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &sa, NULL);
-  signal(SIGPIPE, SIG_IGN);
   set_cloexec(A.in);
   set_cloexec(A.out);
   set_nonblock(A.in);
@@ -1294,31 +1761,59 @@ main(int argc, char **argv)
   hello();
   /* The host's HELLO carries the window; until it comes, the default. */
   while (!A.closing || A.jobs) {
-    struct pollfd fds[3 + 5 * 256];
-    struct job *map[3 + 5 * 256];
-    int kinds[3 + 5 * 256];
+    struct pollfd fds[4 + MAX_PENDING + 5 * 256];
+    struct job *map[4 + MAX_PENDING + 5 * 256];
+    int kinds[4 + MAX_PENDING + 5 * 256];
     int n = 0, i, timeout_ms = -1;
     double now = now_s();
     struct job *j;
-    if (A.closing && buf_size(&A.tx) == 0) {
+    if (A.closing) {
       /* The host is gone: end every job and leave. */
-      for (j = A.jobs; j; j = j->next)
-        if (j->sup > 0)
-          kill_tree(j->sup, SIGKILL);
+      end_all_jobs();
+      break;
+    }
+    if (A.detached_since > 0 && now - A.detached_since >= A.grace) {
+      /* The host did not come back in time. */
+      end_all_jobs();
       break;
     }
     fds[n] = (struct pollfd){ A.sig_pipe[0], POLLIN, 0 };
     map[n] = NULL;
     kinds[n++] = 0;
-    if (!A.closing) {
+    if (A.in >= 0) {
       fds[n] = (struct pollfd){ A.in, POLLIN, 0 };
       map[n] = NULL;
       kinds[n++] = 1;
     }
-    if (buf_size(&A.tx) > 0) {
+    if (A.out >= 0 && A.tx_sent < A.tx.len) {
       fds[n] = (struct pollfd){ A.out, POLLOUT, 0 };
       map[n] = NULL;
       kinds[n++] = 2;
+    }
+    if (A.listen_fd >= 0) {
+      fds[n] = (struct pollfd){ A.listen_fd, POLLIN, 0 };
+      map[n] = NULL;
+      kinds[n++] = 3;
+      for (i = 0; i < MAX_PENDING; i++) {
+        double left;
+        if (A.pend[i].fd < 0)
+          continue;
+        left = A.pend[i].until - now;
+        if (left <= 0) {
+          drop_pending(&A.pend[i]);
+          continue;
+        }
+        if (timeout_ms < 0 || left * 1000 < timeout_ms)
+          timeout_ms = (int)(left * 1000) + 1;
+        fds[n] = (struct pollfd){ A.pend[i].fd, POLLIN, 0 };
+        map[n] = NULL;
+        kinds[n++] = 100 + i;
+      }
+    }
+    if (A.detached_since > 0) {
+      double left = A.detached_since + A.grace - now;
+      if (timeout_ms < 0 || left * 1000 < timeout_ms)
+        timeout_ms = (int)(left * 1000) + 1;
     }
     for (j = A.jobs; j && n < (int)(sizeof fds / sizeof *fds) - 5; j = j->next) {
       int st;
@@ -1329,7 +1824,7 @@ main(int argc, char **argv)
             timeout_ms = (int)(left * 1000) + 1;
           continue;
         }
-        if (j->out_fd[st] >= 0 && j->unread[st] < A.window && buf_size(&A.tx) < OUT_HIGH) {
+        if (j->out_fd[st] >= 0 && j->unread[st] < A.window && tx_held() < OUT_HIGH) {
           fds[n] = (struct pollfd){ j->out_fd[st], POLLIN, 0 };
           map[n] = j;
           kinds[n++] = 10 + st;
@@ -1361,13 +1856,17 @@ main(int argc, char **argv)
         continue;
       switch (kinds[i]) {
       case 0: reap(); break;
-      case 1: read_channel(); break;
+      case 1: if (A.in >= 0 && A.in == fds[i].fd) read_channel(); break;
       case 2: flush_tx(); break;
+      case 3: on_accept(); break;
       case 11: pump_output(map[i], 1); break;
       case 12: pump_output(map[i], 2); break;
       case 20: read_status(map[i]); break;
       case 21: read_marks(map[i]); break;
       case 30: write_stdin(map[i]); break;
+      default:
+        if (kinds[i] >= 100 && A.pend[kinds[i] - 100].fd == fds[i].fd)
+          on_pending(&A.pend[kinds[i] - 100]);
       }
     }
     for (j = A.jobs; j; j = j->next)

@@ -49,6 +49,14 @@ decode_all(const uint8_t *p, size_t n, const uint8_t *key, uint32_t *sum, int *e
       break;
     }
     CHECK((size_t)used <= n - off);
+    if (f.type == SBX_AP_PAD) {
+      /* Padding: zero bytes only, no frame, no sequence number. */
+      size_t i;
+      for (i = 0; i < (size_t)used; i++)
+        CHECK(p[off + i] == 0);
+      off += (size_t)used;
+      continue;
+    }
     CHECK(f.len <= SBX_AP_MAX_PAYLOAD);
     CHECK((size_t)used == SBX_AP_HEADER + f.len + (key ? SBX_AP_TAG : 0));
     /* The frame's bytes are what the encoder makes of it. */
@@ -105,8 +113,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
           off = n;
           break;
         }
-        sum2 = sum2 * 31 + f.type + f.id + f.len;
         pos += (size_t)used;
+        if (f.type == SBX_AP_PAD)
+          continue;
+        sum2 = sum2 * 31 + f.type + f.id + f.len;
         seq++;
         got++;
       }
@@ -121,7 +131,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *fr = fuzz_alloc(SBX_AP_HEADER + len + SBX_AP_TAG);
     struct sbx_ap_frame f;
     int used;
-    sbx_ap_header(fr, data[1], (uint32_t)n, len);
+    sbx_ap_header(fr, data[1] ? data[1] : 1, (uint32_t)n, len);   /* type 0 is padding */
     memcpy(fr + SBX_AP_HEADER, data + 1, len < n ? len : n);
     if (len > n)
       memset(fr + SBX_AP_HEADER + n, 0, len - n);

@@ -11,6 +11,11 @@
 **     d:next() -> type, id, payload | nil (need more) | false, code, message;
 **       for an OUT frame: type, id, the output bytes, the stream (1 or 2)
 **     d:buffered() -> bytes waiting
+**     d:position() -> bytes of whole frames taken since the start
+**     d:resume() -> position: drops a frame cut short by a dropped channel
+**       (the agent sends it again whole from that position)
+**   core.agent.attach_name(key) -> the agent's attach socket name
+**   core.agent.attach_proof(key, role, nonce_a, nonce_h) -> 32 bytes
 **   core.agent.HEADER, TAG, KEY, MAX_PAYLOAD, VERSION
 */
 #include "host.h"
@@ -28,6 +33,7 @@ struct decoder {
   uint8_t key[SBX_AP_KEY];
   int mac;
   uint64_t seq;
+  uint64_t pos;          /* bytes of whole frames taken */
   int failed;            /* 0, or the sbx_ap_decode error that ended it */
 };
 
@@ -47,7 +53,7 @@ agent_encode(lua_State *L)
   const char *key = luaL_optlstring(L, 4, NULL, &klen);
   luaL_Buffer b;
   uint8_t *out;
-  luaL_argcheck(L, type >= 0 && type <= 255, 1, "a frame type 0-255");
+  luaL_argcheck(L, type >= 1 && type <= 255, 1, "a frame type 1-255 (0 is padding)");
   luaL_argcheck(L, id >= 0 && id <= 0xffffffffLL, 2, "an id 0-2^32-1");
   luaL_argcheck(L, n <= SBX_AP_MAX_PAYLOAD, 3, "payload longer than the protocol allows");
   luaL_argcheck(L, !key || klen == SBX_AP_KEY, 4, "a 32-byte key");
@@ -121,6 +127,15 @@ decoder_next(lua_State *L)
       lua_pushnil(L);
       return 1;
     }
+    while (used > 0 && f.type == SBX_AP_PAD) {
+      d->off += (size_t)used;
+      d->pos += (uint64_t)used;
+      used = sbx_ap_decode(d->p + d->off, d->len - d->off, d->mac ? d->key : NULL, d->seq, &f);
+    }
+    if (used == SBX_AP_NEED) {
+      lua_pushnil(L);
+      return 1;
+    }
     if (used > 0) {
       int nres = 3;
       d->seq++;
@@ -135,6 +150,7 @@ decoder_next(lua_State *L)
         lua_pushlstring(L, (const char *)f.payload, f.len);
       }
       d->off += (size_t)used;
+      d->pos += (uint64_t)used;
       /* An idle channel holds no buffer: a box waiting for its next
       ** command costs its host almost nothing. */
       if (d->off == d->len && d->cap > 4096) {
@@ -162,6 +178,52 @@ decoder_buffered(lua_State *L)
 {
   struct decoder *d = check_decoder(L);
   lua_pushinteger(L, (lua_Integer)(d->len - d->off));
+  return 1;
+}
+
+static int
+decoder_position(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  lua_pushinteger(L, (lua_Integer)d->pos);
+  return 1;
+}
+
+static int
+decoder_resume(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  d->off = d->len = 0;
+  lua_pushinteger(L, (lua_Integer)d->pos);
+  return 1;
+}
+
+static int
+agent_attach_name(lua_State *L)
+{
+  size_t klen;
+  const char *key = luaL_checklstring(L, 1, &klen);
+  char name[SBX_AP_ATTACH_NAME];
+  luaL_argcheck(L, klen == SBX_AP_KEY, 1, "a 32-byte key");
+  sbx_ap_attach_name((const uint8_t *)key, name);
+  lua_pushstring(L, name);
+  return 1;
+}
+
+static int
+agent_attach_proof(lua_State *L)
+{
+  size_t klen, alen, hlen;
+  const char *key = luaL_checklstring(L, 1, &klen);
+  const char *role = luaL_checkstring(L, 2);
+  const char *na = luaL_checklstring(L, 3, &alen);
+  const char *nh = luaL_checklstring(L, 4, &hlen);
+  uint8_t proof[SBX_AP_PROOF];
+  luaL_argcheck(L, klen == SBX_AP_KEY, 1, "a 32-byte key");
+  luaL_argcheck(L, alen == SBX_AP_NONCE, 3, "a 16-byte nonce");
+  luaL_argcheck(L, hlen == SBX_AP_NONCE, 4, "a 16-byte nonce");
+  sbx_ap_attach_proof((const uint8_t *)key, role, (const uint8_t *)na, (const uint8_t *)nh, proof);
+  lua_pushlstring(L, (const char *)proof, sizeof proof);
   return 1;
 }
 
@@ -211,6 +273,8 @@ static const luaL_Reg agent_funcs[] = {
   { "encode", agent_encode },
   { "decoder", agent_decoder },
   { "binary", agent_binary },
+  { "attach_name", agent_attach_name },
+  { "attach_proof", agent_attach_proof },
   { NULL, NULL }
 };
 
@@ -218,6 +282,8 @@ static const luaL_Reg decoder_methods[] = {
   { "feed", decoder_feed },
   { "next", decoder_next },
   { "buffered", decoder_buffered },
+  { "position", decoder_position },
+  { "resume", decoder_resume },
   { NULL, NULL }
 };
 

@@ -53,14 +53,36 @@ sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_
 }
 
 /* Constant time: how much of a tag matched must not leak through timing. */
-static int
-same_tag(const uint8_t *a, const uint8_t *b)
+int
+sbx_ap_same(const uint8_t *a, const uint8_t *b, size_t n)
 {
   unsigned diff = 0;
-  int i;
-  for (i = 0; i < SBX_AP_TAG; i++)
+  size_t i;
+  for (i = 0; i < n; i++)
     diff |= (unsigned)(a[i] ^ b[i]);
   return diff == 0;
+}
+
+void
+sbx_ap_attach_name(const uint8_t *key, char out[SBX_AP_ATTACH_NAME])
+{
+  static const char hex[] = "0123456789abcdef";
+  uint8_t mac[32];
+  int i;
+  sbx_hmac_sha256(key, SBX_AP_KEY, "attach name", 11, NULL, 0, NULL, 0, mac);
+  memcpy(out, "sbx-agent-", 10);
+  for (i = 0; i < 16; i++) {
+    out[10 + 2 * i] = hex[mac[i] >> 4];
+    out[11 + 2 * i] = hex[mac[i] & 15];
+  }
+  out[42] = 0;
+}
+
+void
+sbx_ap_attach_proof(const uint8_t *key, const char *role, const uint8_t *nonce_a, const uint8_t *nonce_h,
+                    uint8_t proof[SBX_AP_PROOF])
+{
+  sbx_hmac_sha256(key, SBX_AP_KEY, role, strlen(role), nonce_a, SBX_AP_NONCE, nonce_h, SBX_AP_NONCE, proof);
 }
 
 int
@@ -68,6 +90,16 @@ sbx_ap_decode(const uint8_t *buf, size_t n, const uint8_t *key, uint64_t seq, st
 {
   uint32_t len;
   size_t total;
+  if (n > 0 && buf[0] == 0) {
+    /* Padding: every zero byte here, as one PAD "frame". */
+    size_t k = 1;
+    while (k < n && k < SBX_AP_MAX_PAYLOAD && buf[k] == 0)
+      k++;
+    memset(f, 0, sizeof *f);
+    f->type = SBX_AP_PAD;
+    f->payload = buf;
+    return (int)k;
+  }
   if (n < SBX_AP_HEADER)
     return SBX_AP_NEED;
   len = sbx_ap_be32(buf + 6);
@@ -79,7 +111,7 @@ sbx_ap_decode(const uint8_t *buf, size_t n, const uint8_t *key, uint64_t seq, st
   if (key) {
     uint8_t tag[SBX_AP_TAG];
     sbx_ap_tag(key, seq, buf, buf + SBX_AP_HEADER, len, tag);
-    if (!same_tag(tag, buf + SBX_AP_HEADER + len))
+    if (!sbx_ap_same(tag, buf + SBX_AP_HEADER + len, SBX_AP_TAG))
       return SBX_AP_BAD_TAG;
   }
   f->type = buf[0];

@@ -21,11 +21,50 @@
 ** Start: the host starts the agent with the channel as its stdin/stdout.
 ** The agent puts a terminal channel in raw mode, makes itself undumpable
 ** (no /proc/<pid>/mem, fd or ptrace access for other processes of its
-** user), reads a 1-byte mode (SBX_AP_MODE_PLAIN or SBX_AP_MODE_MAC) and the
-** 32-byte per-box key (it authenticates a later attach, and for MAC every
-** frame), then sends HELLO: VERSION, PID, ARCH fields. The host answers
-** HELLO: VERSION, WINDOW (bytes per stream). A version the other side does
-** not speak is an ERROR frame and the end of the channel.
+** user), reads a 1-byte mode and the 32-byte per-box key (it authenticates
+** a later attach, and for MAC every frame), then sends HELLO: VERSION, PID,
+** ARCH fields. The mode is SBX_AP_MODE_PLAIN ('P') or SBX_AP_MODE_MAC
+** ('M'); in lower case ('p', 'm') the agent runs beside the channel's
+** process instead of as it: it forks, the agent goes on in a new session and
+** the process on the channel only relays bytes, so a backend that kills the
+** channel's process when the channel ends (an ECS Exec session does) leaves
+** the agent and its commands running. The host answers HELLO: VERSION,
+** WINDOW (bytes per stream), and for a channel that may come back GRACE
+** (seconds the agent keeps its commands once the channel ends) and ACK
+** (bytes between acknowledgements). A version the other side does not
+** speak is an ERROR frame and the end of the channel.
+**
+** Re-attach (GRACE > 0): the agent listens on an abstract unix socket named
+** by sbx_ap_attach_name(key), for processes of its own uid. When the channel
+** ends, the agent keeps its commands (their output waits in its queue, then
+** in their pipes) and waits GRACE seconds for the host; then it ends every
+** command and exits. The host comes back through a fresh relay (the agent
+** binary placed anew, run as "sbx-agent attach NAME"), and the two prove
+** the key to each other before any frame:
+**
+**   agent: "SBXA" nonce_a[16]
+**   host:  nonce_h[16] proof("host")[32] host_rx[8]
+**   agent: proof("agent")[32] agent_rx[8]
+**
+** every field in lower-case hex (so twice as many bytes), rx as u64.
+**
+** proof(role) = HMAC-SHA256(key, role || nonce_a || nonce_h); rx is the
+** count of bytes of whole frames that side has taken from the other, across
+** channels. Each side then sends again, verbatim (tags and sequence numbers
+** as first sent), every frame from the other's rx on: nothing is lost or
+** doubled, and a command never notices the drop. To bound what each keeps,
+** both acknowledge: ACK (host) and AGENT_ACK (agent) carry the sender's rx
+** as u64, every ACK bytes and after a PING; what the other side has
+** acknowledged is dropped. A wrong proof ends that connection; the agent
+** stays detached. A second authenticated attach replaces the first.
+**
+** Padding: zero bytes between frames are skipped (no frame type is 0).
+** On a PTY (MAC mode) the agent ends every burst it writes with three of
+** them when its last bytes are not ASCII: the SSM agent holds back output
+** whose last three bytes hold an invalid or incomplete UTF-8 sequence until
+** more output comes (amazon-ssm-agent, agent/session/shell/shell.go,
+** processStdoutData), and a frame's last bytes are a random tag. For the
+** same reason the attach handshake is hex, not binary.
 **
 ** Payload encodings: a sequence of fields, each u8 tag | u32 len | bytes.
 ** Integers in fields are big-endian of the field's length (1, 2, 4 or 8).
@@ -52,7 +91,9 @@
 **   WRITE_FILE id PATH, MODE u32, FLAGS (MKDIRS): a job whose process writes
 **                 its stdin (STDIN frames, STDIN_EOF) to the file; exit
 **                 status 0, or an errno with a message on stderr
-**   PING id     bytes          answered with PONG and the same bytes
+**   PING id     bytes          answered with PONG and the same bytes (and,
+**               with GRACE, AGENT_ACK)
+**   ACK 0       u64 host_rx: the host has these bytes; the agent drops them
 **
 ** Agent to host:
 **   STARTED id  u32 pid
@@ -68,6 +109,7 @@
 **               host keeps at most `window` stdin bytes unacknowledged
 **   ERROR id    string code, string message (id 0: the channel)
 **   PONG id     bytes
+**   AGENT_ACK 0 u64 agent_rx: the agent has these bytes
 */
 #ifndef SBX_AGENT_PROTO_H
 #define SBX_AGENT_PROTO_H
@@ -75,7 +117,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SBX_AP_VERSION 1
+#define SBX_AP_VERSION 2
 #define SBX_AP_HEADER 10
 #define SBX_AP_TAG 16
 #define SBX_AP_KEY 32
@@ -83,8 +125,18 @@
 
 #define SBX_AP_MODE_PLAIN 'P'
 #define SBX_AP_MODE_MAC 'M'
+#define SBX_AP_MODE_RELAY 0x20   /* the lower-case bit: 'p', 'm' */
+
+#define SBX_AP_NONCE 16
+#define SBX_AP_PROOF 32
+#define SBX_AP_ATTACH_HELLO "SBXA"
+/* Seconds the agent gives a connection to prove the key. */
+#define SBX_AP_ATTACH_AUTH_SECONDS 10
+/* The attach socket's name: "sbx-agent-" and 32 hex digits, NUL-ended. */
+#define SBX_AP_ATTACH_NAME 43
 
 enum sbx_ap_type {
+  SBX_AP_PAD = 0x00,        /* sbx_ap_decode's result for padding bytes */
   /* host to agent */
   SBX_AP_HELLO = 0x01,
   SBX_AP_SPAWN = 0x10,
@@ -96,6 +148,7 @@ enum sbx_ap_type {
   SBX_AP_READ_FILE = 0x20,
   SBX_AP_WRITE_FILE = 0x21,
   SBX_AP_PING = 0x30,
+  SBX_AP_ACK = 0x31,
   /* agent to host */
   SBX_AP_STARTED = 0x90,
   SBX_AP_OUT = 0x91,
@@ -106,6 +159,7 @@ enum sbx_ap_type {
   SBX_AP_MARK = 0x96,
   SBX_AP_ERROR = 0xA3,
   SBX_AP_PONG = 0xB1,
+  SBX_AP_AGENT_ACK = 0xB2,
 };
 
 /* Field tags. */
@@ -124,6 +178,8 @@ enum sbx_ap_field {
   SBX_AF_PID = 12,
   SBX_AF_ARCH = 13,
   SBX_AF_WINDOW = 14,
+  SBX_AF_GRACE = 15,
+  SBX_AF_ACK = 16,
 };
 
 /* SPAWN flags. */
@@ -150,7 +206,8 @@ enum {
 
 /*
 ** Decodes one frame from buf[0..n). Returns the bytes it used (> 0) and
-** fills f, SBX_AP_NEED when more bytes are needed, or a negative error.
+** fills f (type SBX_AP_PAD for a run of padding: no frame, no sequence
+** number), SBX_AP_NEED when more bytes are needed, or a negative error.
 ** With key non-NULL the frame must carry a valid tag for sequence number
 ** seq (the caller counts). Never reads past n; never allocates.
 */
@@ -166,6 +223,18 @@ void sbx_ap_header(uint8_t *out, uint8_t type, uint32_t id, uint32_t len);
 /* tag[16] = HMAC-SHA256(key, seq || header || payload)[0..16] */
 void sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_t *payload,
                 uint32_t len, uint8_t *tag);
+
+/* The attach socket's abstract name for key (without the leading NUL). */
+void sbx_ap_attach_name(const uint8_t *key, char out[SBX_AP_ATTACH_NAME]);
+
+/* proof = HMAC-SHA256(key, role || nonce_a || nonce_h); role "host" or
+** "agent". */
+void sbx_ap_attach_proof(const uint8_t *key, const char *role, const uint8_t *nonce_a,
+                         const uint8_t *nonce_h, uint8_t proof[SBX_AP_PROOF]);
+
+/* 1 when a and b (n bytes) are equal, in time that does not depend on
+** where they differ. */
+int sbx_ap_same(const uint8_t *a, const uint8_t *b, size_t n);
 
 /* Field reader over a payload: sbx_ap_next -> 1 with tag/value, 0 at the
 ** end, -1 on a malformed field (a length past the end). */

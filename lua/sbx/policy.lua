@@ -121,7 +121,16 @@ policy.agent = {
   channel_buffer = 1 * MiB,     -- channel bytes read ahead of the frame reader; then the socket pauses
   stdin_chunk = 64 * KiB,       -- bytes of stdin per frame
   ping_interval = 30,           -- seconds of silence before a keep-alive ping
-  ping_timeout = 15,            -- seconds a ping may go unanswered before the agent counts as lost
+  ping_timeout = 15,            -- seconds a ping may go unanswered before the channel counts as dropped
+  -- A dropped channel (the connection to the daemon, an ECS Exec session)
+  -- is opened again and the box's commands go on. The agent keeps them for
+  -- reattach_grace seconds without a channel (then ends them); sbx tries to
+  -- reach it for reattach_timeout seconds; 0 turns re-attach off (a drop
+  -- fails the pending commands with agent_lost at once).
+  reattach_grace = 120,
+  reattach_timeout = 60,
+  attach_timeout = 10,          -- seconds for the agent to answer on its attach socket
+  ack_bytes = 256 * KiB,        -- bytes between acknowledgements (what each side keeps to send again)
 }
 
 -- Background processes.

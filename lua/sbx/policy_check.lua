@@ -84,6 +84,10 @@ local RULES = {
   ["agent.stdin_chunk"] = int { gt = 0 },
   ["agent.ping_interval"] = POS,
   ["agent.ping_timeout"] = POS,
+  ["agent.reattach_grace"] = int { ge = 0, le = 86400 },
+  ["agent.reattach_timeout"] = num { ge = 0 },
+  ["agent.attach_timeout"] = POS,
+  ["agent.ack_bytes"] = int { ge = 4096, le = 512 * 1024 },
   ["box.docker_host"] = maybe(str()),
   ["exec.timeout"] = POS,
   ["exec.max_timeout"] = POS,
@@ -184,6 +188,7 @@ local function wants(r)
     if (t == "number" or t == "integer") then
       if r.gt then w = w .. " > " .. r.gt elseif r.ge and r.ge ~= 0 then w = w .. " >= " .. r.ge
       elseif r.ge == 0 then w = w .. " >= 0" end
+      if r.le then w = w .. " <= " .. r.le end
     end
     if t == "table" and r.list then w = "a list" end
     if t == "table" and r.map then w = "a table of name = value" end
@@ -289,6 +294,7 @@ local function check(v, r, path, label, dflt)
     end
     if r.gt and not (v > r.gt) then return string.format("%s %s must be > %s, not %s", label, path, r.gt, tostring(v)) end
     if r.ge and not (v >= r.ge) then return string.format("%s %s must be >= %s, not %s", label, path, r.ge, tostring(v)) end
+    if r.le and not (v <= r.le) then return string.format("%s %s must be <= %s, not %s", label, path, r.le, tostring(v)) end
   end
   if type(v) == "string" then
     local enum = r.enum or r.enum_if_string

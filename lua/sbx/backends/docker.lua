@@ -801,14 +801,12 @@ local function agent_binary(arch)
   return agents[arch]
 end
 
--- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra |
--- nil, reason, code. Places a fresh sbx-agent for the image's architecture
--- (a new random path each time: a copy left in the box is never trusted):
--- through the archive API where the root is writable, else through a shell
--- into a fresh temporary directory. Then runs it as root (so it can start
--- commands as any user) on an attached exec whose pipes are the channel.
--- The channel's pipes belong to the agent alone: no frame authentication.
-function M.agent_channel(h, opts)
+-- Places a fresh sbx-agent for the image's architecture (a new random path
+-- each time: a copy left in the box is never trusted) through the archive
+-- API where the root is writable, else through a shell into a fresh
+-- temporary directory, and runs it with args as root on an attached exec
+-- whose pipes are the channel. -> channel, facts | nil, reason, code
+local function run_agent(h, opts, args)
   local d, deadline = h.daemon, opts.deadline
   if h.frozen then return nil, h.frozen.message, h.frozen.code end
   local facts = type(d.images[h.image]) == "table" and d.images[h.image] or {}
@@ -827,7 +825,7 @@ function M.agent_channel(h, opts)
       body = tar_one(path:sub(2), bin, tonumber("700", 8)),
       timeout = M.seconds_left(deadline, pol().api_timeout),
     }
-    if r and r.status < 300 then argv = { path } end
+    if r and r.status < 300 then argv = { path, table.unpack(args) } end
     if not r and err then
       return nil, string.format("cannot place the agent: the Docker daemon at %s: %s", d.endpoint, tostring(err)),
         ecode == "timeout" and "daemon_unresponsive" or "daemon_unavailable"
@@ -836,7 +834,8 @@ function M.agent_channel(h, opts)
   if not argv then
     -- A read-only root: a fresh private directory where the box may write.
     argv = { "sh", "-c", 'umask 077; d=$(mktemp -d 2>/dev/null) || exit 125; head -c ' .. #bin ..
-      ' > "$d/a" && chmod 700 "$d/a" && printf "' .. LOADER_GO .. '" && exec "$d/a"' }
+      ' > "$d/a" && chmod 700 "$d/a" && printf "' .. LOADER_GO .. '" && exec "$d/a"' ..
+      (#args > 0 and (" " .. table.concat(args, " ")) or "") }
     preface = bin
   end
   local req = { argv = argv, env = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" },
@@ -855,6 +854,7 @@ function M.agent_channel(h, opts)
     capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } },
   }
   -- A frozen box (disk past its limit) ends the channel with its code.
+  if h.jobs and h.channel_job then h.jobs[h.channel_job] = nil end
   h.channel_job = { stream = ch }
   if h.jobs then h.jobs[h.channel_job] = true end
   h.channel = ch
@@ -887,10 +887,31 @@ function M.agent_channel(h, opts)
         if rest then out, rest = rest .. (out or ""), nil end
         return out, err
       end
-      return proxy, false, { default_user = facts.user }
+      return proxy, facts
     end
   end
+  return ch, facts
+end
+
+-- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra |
+-- nil, reason, code. The agent runs as root (so it can start commands as
+-- any user) as the exec's process: a dropped connection to the daemon
+-- closes its stdin and leaves it running. The channel's pipes belong to the
+-- agent alone: no frame authentication.
+function M.agent_channel(h, opts)
+  local ch, facts, code = run_agent(h, opts, {})
+  if not ch then return nil, facts, code end
   return ch, false, { default_user = facts.user }
+end
+
+-- agent_attach(handle, { name, deadline, pol }) -> channel | nil, reason,
+-- code: the way back to a running agent after a dropped channel, through a
+-- relay placed anew ("sbx-agent attach NAME"; the name is hex).
+function M.agent_attach(h, opts)
+  if not tostring(opts.name):match("^[%w%-]+$") then error("agent_attach: a bad socket name", 2) end
+  local ch, err, code = run_agent(h, opts, { "attach", opts.name })
+  if not ch then return nil, err, code end
+  return ch
 end
 
 -- Reaper ----------------------------------------------------------------------------

@@ -835,20 +835,17 @@ end
 
 -- The agent's channel ----------------------------------------------------------------
 
--- agent_channel(handle, { key, deadline, pol }) -> channel, true | nil,
--- reason, code. One ECS Exec session whose PTY becomes the channel: a small
--- sh script turns echo and line editing off (stty raw), says the task's
--- architecture, reads a length line and exactly that many bytes (a fresh
--- sbx-agent, into a new private directory: a copy left in the task is never
--- trusted) and execs it. The agent keeps the PTY raw. Other processes of
--- the task's user could write into a PTY, so every frame is authenticated
--- (mac = true). Without stty the PTY is not 8-bit clean: no agent.
+-- One ECS Exec session whose PTY becomes a channel: a small sh script turns
+-- echo and line editing off (stty raw), says the task's architecture, reads
+-- a length line and exactly that many bytes (a fresh sbx-agent, into a new
+-- private directory: a copy left in the task is never trusted) and execs it
+-- with args. -> channel | nil, reason, code
 local AGENT_READY = "__SBXAGENT_"
-function M.agent_channel(h, opts)
+local function run_agent(h, opts, args)
   local script = 'stty raw -echo 2>/dev/null || { printf "' .. AGENT_READY .. 'nostty__\\n"; exit 125; }; ' ..
     'printf "' .. AGENT_READY .. '%s__\\n" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
     'd=$(mktemp -d 2>/dev/null) || exit 125; head -c "$n" > "$d/a" && chmod 700 "$d/a" && ' ..
-    'printf "' .. AGENT_READY .. 'go__\\n" && exec "$d/a"'
+    'printf "' .. AGENT_READY .. 'go__\\n" && exec "$d/a"' .. (#args > 0 and (" " .. table.concat(args, " ")) or "")
   local out, err, code = execute(h, "sh -c " .. shq(script))
   if not out then return nil, err, code end
   local sink = core.stream.sink { chunks = true, chunk_limit = opts.pol.agent.channel_buffer,
@@ -929,7 +926,28 @@ function M.agent_channel(h, opts)
     if not sink:info().eof then sink:finish() end
     wake:set()
   end
-  return ch, true
+  return ch
+end
+
+-- agent_channel(handle, { key, deadline, pol }) -> channel, true, extra |
+-- nil, reason, code. The agent keeps the PTY raw. Other processes of the
+-- task's user could write into a PTY, so every frame is authenticated (mac
+-- = true). Without stty the PTY is not 8-bit clean: no agent. When a
+-- session ends, the SSM agent kills the process it started and closes the
+-- PTY (amazon-ssm-agent, agent/session/shell: execCmd.Kill, then the pty
+-- file closed; docs/fargate.md): so the agent runs beside that process
+-- (relay = true) and outlives a dropped session.
+function M.agent_channel(h, opts)
+  local ch, err, code = run_agent(h, opts, {})
+  if not ch then return nil, err, code end
+  return ch, true, { relay = true }
+end
+
+-- agent_attach(handle, { name, deadline, pol }) -> channel | nil, reason,
+-- code: a new session whose freshly placed agent relays to the running one.
+function M.agent_attach(h, opts)
+  if not tostring(opts.name):match("^[%w%-]+$") then error("agent_attach: a bad socket name", 2) end
+  return run_agent(h, opts, { "attach", opts.name })
 end
 
 -- finish(handle, job) -> exit_code | nil, message, code

@@ -11,10 +11,22 @@
 -- { eof, error, error_code } and close(); mac says frames must be
 -- authenticated (the channel is a PTY that other processes could write to).
 --
--- Every byte from the box is untrusted: a malformed or unauthenticated
--- frame, a frame for no job, an agent that goes quiet past its pings, all
--- end the channel; the box's pending commands fail with "agent_lost" and
--- the next command places a fresh agent (never the copy left in the box).
+-- and, where a dropped channel can be opened again,
+--   backend.agent_attach(handle, { name =, deadline =, pol = }) -> channel |
+--     nil, reason, code
+-- which runs a freshly placed agent binary as "sbx-agent attach <name>" (a
+-- relay to the running agent's socket) on a new channel of the same kind.
+--
+-- A channel that drops (the connection to the daemon, an ECS Exec session,
+-- a ping that goes unanswered) is opened again: the host and the agent
+-- prove the per-box key to each other and each sends again what the other
+-- has not acknowledged, so running commands, background processes and
+-- sessions go on and no byte is lost or doubled (src/agent_proto.h,
+-- "Re-attach"). Every byte from the box is untrusted: a malformed or
+-- unauthenticated frame, a frame for no job, an agent that cannot be
+-- reached again within policy.agent.reattach_timeout, all end the channel;
+-- the box's pending commands fail with "agent_lost" and the next command
+-- places a fresh agent (never the copy left in the box).
 local core = require "sbx.core"
 local A = core.agent
 
@@ -22,12 +34,12 @@ local M = { name = "agent" }
 
 local T = {
   HELLO = 0x01, SPAWN = 0x10, STDIN = 0x11, STDIN_EOF = 0x12, SIGNAL = 0x13, CREDIT = 0x14,
-  FORGET = 0x15, READ_FILE = 0x20, WRITE_FILE = 0x21, PING = 0x30,
+  FORGET = 0x15, READ_FILE = 0x20, WRITE_FILE = 0x21, PING = 0x30, ACK = 0x31,
   STARTED = 0x90, OUT = 0x91, EOF = 0x92, EXIT = 0x93, DONE = 0x94, KILLED = 0x95, MARK = 0x96,
-  ERROR = 0xA3, PONG = 0xB1,
+  ERROR = 0xA3, PONG = 0xB1, AGENT_ACK = 0xB2,
 }
 local F = { ARGV = 1, ENV = 2, CWD = 3, USER = 4, FLAGS = 5, PATH = 6, MAX = 7, MODE = 8,
-  CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14 }
+  CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16 }
 local STDIN_PIPE, SESSION, MKDIRS = 1, 4, 1
 -- Linux's numbers (the same on x86_64 and aarch64).
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15, CONT = 18, STOP = 19 }
@@ -63,16 +75,50 @@ end
 
 -- Frames out ------------------------------------------------------------------------
 
+-- With a grace (the channel may come back) every frame is kept until the
+-- agent acknowledges it: kept[i] ends at byte kept_end[i] of everything
+-- sent. While the channel is being opened again (st.ch is nil) frames are
+-- only kept; they go out after the handshake.
 local function send(st, ftype, id, payload)
   if st.dead then return nil, st.dead, "agent_lost" end
   local frame = A.encode(ftype, id, payload or "", st.mac and st.key or nil, st.seq_out)
   st.seq_out = st.seq_out + 1
+  if st.grace > 0 then
+    st.tx_pos = st.tx_pos + #frame
+    local n = st.kept_tail + 1
+    st.kept[n], st.kept_end[n], st.kept_tail = frame, st.tx_pos, n
+    if not st.ch then return 0 end
+  end
   local q, err = st.ch:write(frame)
   if not q then
+    if st.grace > 0 and not st.closed then
+      -- The reader sees the channel end and opens it again.
+      st.drop_reason = st.drop_reason or ("a write to the channel failed: " .. tostring(err))
+      pcall(st.ch.close, st.ch)
+      return 0
+    end
     M.lost(st, "the channel to the agent closed: " .. tostring(err))
     return nil, st.dead, "agent_lost"
   end
   return q
+end
+
+-- The agent has every frame that ends at or before pos.
+local function acked(st, pos)
+  local i = st.kept_head
+  while i <= st.kept_tail and st.kept_end[i] <= pos do
+    st.kept[i], st.kept_end[i] = nil, nil
+    i = i + 1
+  end
+  st.kept_head = i
+end
+
+local function send_ack(st)
+  local pos = st.dec:position()
+  if pos > st.rx_acked then
+    st.rx_acked = pos
+    send(st, T.ACK, 0, string.pack(">I8", pos))
+  end
 end
 
 -- Jobs ------------------------------------------------------------------------------
@@ -240,7 +286,8 @@ function M.lost(st, why, code)
   st.dead = why
   code = code or "agent_lost"
   local prefix = code == "agent_lost" and "the box's agent was lost: " or ""
-  pcall(st.ch.close, st.ch)
+  if st.ch then pcall(st.ch.close, st.ch) end
+  st.kept, st.kept_end = {}, {}
   for _, job in pairs(st.jobs) do
     local cur = job.session and job.session.current
     if cur and not cur.completed then
@@ -270,6 +317,8 @@ local function on_frame(st, ftype, id, payload, stream)
       if st.hello_event then st.hello_event:set() end
     elseif ftype == T.PONG then
       st.ping_sent = nil
+    elseif ftype == T.AGENT_ACK and #payload == 8 then
+      acked(st, (string.unpack(">I8", payload)))
     elseif ftype == T.ERROR then
       local f = fields(payload) or {}
       M.lost(st, string.format("the agent said: %s (%s)", tostring(f[F.MESSAGE]), tostring(f[F.CODE])))
@@ -289,28 +338,153 @@ local function on_frame(st, ftype, id, payload, stream)
   h(st, job, payload, stream)
 end
 
--- The channel reader: one task per box.
-local function reader(st)
-  local ch, dec = st.ch, st.dec
+-- Frames the decoder holds, to their handlers.
+local function drain(st)
+  local dec = st.dec
   while not st.dead do
+    local ftype, id, payload, stream = dec:next()
+    if ftype == nil then break end
+    if ftype == false then M.lost(st, payload) break end
+    on_frame(st, ftype, id, payload, stream)
+  end
+  if st.grace > 0 and not st.dead and dec:position() - st.rx_acked >= st.ack_bytes then send_ack(st) end
+end
+
+local function random_bytes_or_fail(n)
+  local b = random_bytes(n)
+  if not b then error("no random bytes", 0) end
+  return b
+end
+
+-- Reads exactly n more bytes of the handshake (buf holds what came early).
+local function handshake_read(ch, buf, n, deadline)
+  while #buf[1] < n do
+    local ev = ch:wait(math.max(0.001, deadline - core.now()))
+    local b = ch:take(true)
+    if b and #b > 0 then buf[1] = buf[1] .. b end
+    if #buf[1] >= n then break end
+    if ev == "eof" then return nil, "eof" end
+    if ev == "timeout" then return nil, "timeout" end
+  end
+  return true
+end
+
+-- The attach handshake on a fresh relay (src/agent_proto.h, "Re-attach"):
+-- each side proves the key, says what it has, and the host sends again every
+-- kept frame the agent lacks.
+local function hex(b) return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end)) end
+local function unhex(h)
+  if #h % 2 ~= 0 or h:find("[^0-9a-f]") then return nil end
+  return (h:gsub("..", function(x) return string.char(tonumber(x, 16)) end))
+end
+
+local function handshake(st, ch, deadline)
+  local buf = { "" }
+  local ok, why = handshake_read(ch, buf, 36, deadline)
+  local nonce_a = ok and buf[1]:sub(1, 4) == "SBXA" and unhex(buf[1]:sub(5, 36))
+  if not nonce_a then
+    -- The relay says why on stderr (a PTY mixes it into the channel).
+    local said = ((ch.captured and ch:captured("stderr") or "") .. buf[1]):sub(1, 300)
+    said = said:gsub("[^%g ]+", " "):gsub("^%s+", ""):gsub("%s+$", "")
+    if why == "timeout" and said == "" then
+      return nil, "the agent did not answer on its attach socket", "agent_unresponsive"
+    end
+    return nil, "the agent is gone" .. (said ~= "" and (" (" .. said .. ")") or ""), "agent_gone"
+  end
+  local nonce_h = random_bytes_or_fail(16)
+  buf[1] = buf[1]:sub(37)
+  local rx = st.dec:resume()
+  ch:write(hex(nonce_h .. A.attach_proof(st.key, "host", nonce_a, nonce_h) .. string.pack(">I8", rx)))
+  ok = handshake_read(ch, buf, 80, deadline)
+  local answer = ok and unhex(buf[1]:sub(1, 80))
+  if not answer then return nil, "the agent refused the attach", "agent_gone" end
+  if answer:sub(1, 32) ~= A.attach_proof(st.key, "agent", nonce_a, nonce_h) then
+    return nil, "the process on the agent's attach socket could not prove the box's key", "bad_proof"
+  end
+  local agent_rx = string.unpack(">I8", answer, 33)
+  acked(st, agent_rx)
+  local i = st.kept_head
+  if i <= st.kept_tail and st.kept_end[i] - #st.kept[i] ~= agent_rx then
+    return nil, "the agent's position does not match what the host kept", "bad_proof"
+  end
+  if i > st.kept_tail and agent_rx ~= st.tx_pos then
+    return nil, "the agent's position does not match what the host sent", "bad_proof"
+  end
+  for j = i, st.kept_tail do ch:write(st.kept[j]) end
+  st.rx_acked = rx
+  return true, buf[1]:sub(81)
+end
+
+-- Opens the channel again after a drop; true, or nil and why.
+local function reattach(st, why, gen)
+  local box = st.boxref[1]
+  if not box then return nil, why end
+  local pol = st.pol.agent
+  local deadline = core.now() + pol.reattach_timeout
+  local name = A.attach_name(st.key)
+  local last, delay = why, 0.05
+  st.ch = nil
+  while not st.dead and not st.closed and st.gen == gen do
+    local ch, err, code = box.backend.agent_attach(box.handle, { name = name, deadline = deadline, pol = st.pol })
+    if ch then
+      local ok, rest, hcode = handshake(st, ch, math.min(deadline, core.now() + pol.attach_timeout))
+      if st.gen ~= gen then pcall(ch.close, ch) return nil, "replaced" end
+      if ok then
+        if st.dead or st.closed then pcall(ch.close, ch) return nil, st.dead or "the box was closed" end
+        st.ch = ch
+        st.reattached = (st.reattached or 0) + 1
+        st.last_rx, st.ping_sent = core.now(), nil
+        if #rest > 0 then st.dec:feed(rest) drain(st) end
+        return true
+      end
+      pcall(ch.close, ch)
+      -- The relay reached the socket (or found none): trying again cannot help.
+      return nil, string.format("the channel dropped (%s) and the agent could not be reached again: %s", why, rest),
+        hcode == "bad_proof" and "agent_lost" or nil
+    else
+      last = err
+      if code == "box_gone" or code == "unsupported" or code == "disk_exceeded" then
+        return nil, string.format("the channel dropped (%s): %s", why, err), code
+      end
+    end
+    if core.now() + delay >= deadline then break end
+    core.sleep(delay)
+    delay = math.min(delay * 2, 1)
+  end
+  return nil, string.format("the channel dropped (%s) and the agent could not be reached again within %g s: %s",
+    why, pol.reattach_timeout, tostring(last))
+end
+
+local function can_reattach(st)
+  local box = st.boxref[1]
+  return st.grace > 0 and not st.closed and box ~= nil and box.backend.agent_attach ~= nil
+end
+
+-- The channel reader: one task per box.
+local function reader(st, gen)
+  while not st.dead and st.gen == gen do
+    local ch = st.ch
     local ev = ch:wait()
     if ev == "data" or ev == "eof" then
       local bytes = ch:take(true)
       if bytes and #bytes > 0 then
-        dec:feed(bytes)
-        while not st.dead do
-          local ftype, id, payload, stream = dec:next()
-          if ftype == nil then break end
-          if ftype == false then M.lost(st, payload) break end
-          on_frame(st, ftype, id, payload, stream)
-        end
+        st.dec:feed(bytes)
+        drain(st)
       end
     end
-    if ev == "eof" then
+    if ev == "eof" and not st.dead and st.gen == gen then
       local info = ch:info()
       -- A code the backend set (disk_exceeded) is the box's, not the agent's.
       local code = info.error_code ~= "closed" and info.error_code or nil
-      M.lost(st, info.error or "the agent ended the channel", code)
+      local why = st.drop_reason or info.error or "the agent ended the channel"
+      st.drop_reason = nil
+      if code == "disk_exceeded" or not can_reattach(st) or not st.hello_done then
+        M.lost(st, why, code)
+      else
+        local ok, err, ecode = reattach(st, why, gen)
+        if st.gen ~= gen then return end
+        if not ok then M.lost(st, err, ecode) end
+      end
     end
   end
 end
@@ -329,17 +503,27 @@ local function pinger()
     for st in pairs(channels) do
       if st.dead or st.closed then
         channels[st] = nil
+      elseif not st.ch then
+        nearest = math.min(nearest, 1)   -- being opened again
       else
         local pol = st.pol.agent
         if st.ping_sent then
           if now - st.ping_sent >= pol.ping_timeout then
-            M.lost(st, string.format("the agent did not answer a ping within %g s", pol.ping_timeout))
-            channels[st] = nil
+            local why = string.format("the agent did not answer a ping within %g s", pol.ping_timeout)
+            if can_reattach(st) then
+              -- A half-open connection looks like this too: try the way back.
+              st.drop_reason, st.ping_sent = why, nil
+              pcall(st.ch.close, st.ch)
+            else
+              M.lost(st, why)
+              channels[st] = nil
+            end
           else
             nearest = math.min(nearest, st.ping_sent + pol.ping_timeout - now)
           end
         elseif now - st.last_rx >= pol.ping_interval then
           st.ping_sent = now
+          if st.grace > 0 then send_ack(st) end
           send(st, T.PING, 0, "")
           nearest = math.min(nearest, pol.ping_timeout)
         else
@@ -362,8 +546,13 @@ end
 
 -- Opening -------------------------------------------------------------------------------
 
--- open(box, pol) -> state | nil, reason, code
-function M.open(box, pol)
+-- Each opening of a channel has its own generation: a reader or re-attach
+-- of an earlier one (the state table is reused, see alive) stops at once.
+local generation = 0
+
+-- open(box, pol [, into]) -> state | nil, reason, code. into: the state
+-- table of a lost agent, filled anew (jobs and sessions hold it).
+function M.open(box, pol, into)
   local backend = box.backend
   if not backend.agent_channel then
     return nil, string.format("the %s backend cannot carry sbx-agent", box.backend_name), "unsupported"
@@ -373,6 +562,7 @@ function M.open(box, pol)
   local deadline = core.now() + pol.agent.start_timeout
   local ch, mac_or_err, extra = backend.agent_channel(box.handle, { key = key, deadline = deadline, pol = pol })
   if not ch then return nil, mac_or_err, extra end
+  extra = type(extra) == "table" and extra or {}
   local st = {
     -- Weak: the channel's tasks must not keep a dropped box from its
     -- collector (whose __gc removes it).
@@ -380,12 +570,30 @@ function M.open(box, pol)
     ch = ch, key = key, mac = mac_or_err == true, seq_out = 0,
     dec = A.decoder(mac_or_err == true and key or nil), jobs = {}, next_id = 1,
     window = pol.agent.window, hello_event = core.event(),
-    default_user = type(extra) == "table" and extra.default_user or nil,
+    default_user = extra.default_user, pol = pol,
+    -- A channel that can be opened again: frames kept until acknowledged.
+    grace = (backend.agent_attach and pol.agent.reattach_grace > 0) and pol.agent.reattach_grace or 0,
+    ack_bytes = pol.agent.ack_bytes, kept = {}, kept_end = {}, kept_head = 1, kept_tail = 0,
+    tx_pos = 0, rx_acked = 0,
   }
-  -- The mode byte and the key go before any frame.
-  local ok, err = ch:write((st.mac and "M" or "P") .. key)
-  if not ok then ch:close() return nil, "cannot write to the agent: " .. tostring(err), "agent_unavailable" end
-  st.reader = core.spawn(reader, st)
+  if into then
+    for k in pairs(into) do into[k] = nil end
+    for k, v in pairs(st) do into[k] = v end
+    st = into
+  end
+  generation = generation + 1
+  st.gen = generation
+  -- The mode byte and the key go before any frame; lower case asks the
+  -- agent to run beside the channel's process (which the backend may kill
+  -- when the channel ends).
+  local mode = st.mac and "M" or "P"
+  if extra.relay then mode = mode:lower() end
+  local ok, err = ch:write(mode .. key)
+  if not ok then
+    M.lost(st, "cannot write to the agent: " .. tostring(err))
+    return nil, st.dead, "agent_unavailable"
+  end
+  st.reader = core.spawn(reader, st, st.gen)
   st.reader:unref()
   if not st.hello_event:wait(math.max(0.001, deadline - core.now())) or not st.hello then
     local why = st.dead or "the agent did not say hello in time"
@@ -399,8 +607,12 @@ function M.open(box, pol)
     M.lost(st, "the agent speaks protocol " .. tostring(st.agent_version))
     return nil, st.dead, "agent_unavailable"
   end
-  send(st, T.HELLO, 0, u32(F.VERSION, A.VERSION) .. u32(F.WINDOW, st.window))
-  st.pol = pol
+  local hello = u32(F.VERSION, A.VERSION) .. u32(F.WINDOW, st.window)
+  if st.grace > 0 then
+    hello = hello .. u32(F.GRACE, math.ceil(st.grace)) .. u32(F.ACK, st.ack_bytes)
+  end
+  send(st, T.HELLO, 0, hello)
+  st.hello_done = true
   st.last_rx = core.now()
   watch(st)
   return st
@@ -411,13 +623,13 @@ local function alive(st)
   if not st.dead then return true end
   local box = st.boxref[1]
   if st.closed or not box then return nil, "the box is closed", "box_gone" end
-  local fresh, why, code = M.open(box, box:policy())
+  local was = st.dead
+  local fresh, why, code = M.open(box, box:policy(), st)
   if not fresh then
+    st.dead = st.dead or was
     if code == "disk_exceeded" or code == "box_gone" or code == "daemon_unavailable" then return nil, why, code end
-    return nil, "the box's agent was lost (" .. tostring(st.dead) .. ") and could not be started again: " .. tostring(why), code or "agent_lost"
+    return nil, "the box's agent was lost (" .. tostring(was) .. ") and could not be started again: " .. tostring(why), code or "agent_lost"
   end
-  for k in pairs(st) do st[k] = nil end
-  for k, v in pairs(fresh) do st[k] = v end
   return true
 end
 

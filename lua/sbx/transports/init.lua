@@ -19,7 +19,8 @@
 --   write_file(state, path, data, opts, deadline) -> true | nil, message, code   (optional)
 --   close(state)
 --
--- A backend that can carry the agent provides agent_channel(handle, opts)
+-- A backend that can carry the agent provides agent_channel(handle, opts),
+-- and agent_attach(handle, opts) where a dropped channel can be opened again
 -- (see transports/agent.lua). Which transport a box uses is the box option
 -- or policy.box.transport: "auto" (the agent where it can be placed, else
 -- exec, and box.transport_reason says why), "agent" or "exec".

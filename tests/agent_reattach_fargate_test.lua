@@ -1,0 +1,65 @@
+-- A dropped ECS Exec session under the agent (the AWS stand-in cuts the
+-- websocket and, as the SSM agent does when it cancels a session, kills the
+-- process the session started): the agent, which runs beside that process,
+-- keeps its commands; sbx opens a new session to it and every byte arrives
+-- once. The PTY and the SSM agent's output rules (it holds back output
+-- ending in bytes that are not whole UTF-8) are in the way the whole time.
+local tap = require "tap"
+local H = require "helper"
+local sbx = require "sbx"
+
+local standin = assert(H.standin())
+sbx.use_policy {
+  fargate = {
+    endpoint_url = standin.url, region = "us-east-1", credentials = standin.credentials,
+    subnets = { "subnet-standin" }, security_groups = { "sg-standin" },
+  },
+  agent = { reattach_timeout = 30, attach_timeout = 10 },
+}
+
+-- The agent's own session is cut after 40 output messages; later sessions
+-- (the way back) are not.
+assert(standin:faults { drop_ws_after = 40, kill_on_drop = true })
+local box = assert(sbx.box { backend = "fargate", image = H.image, transport = "agent" })
+assert(standin:faults { drop_ws_after = 0 })
+tap.is(box.transport, "agent", "a task on the agent")
+local st = box.tstate
+local agent_pid = st.agent_pid
+
+local bg = assert(box:spawn("i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo tick $i; sleep 0.05; done"))
+local want = (H.sh("seq 1 200000 | md5sum"):gsub("%s+$", ""))
+local r = box:exec("seq 1 200000 | md5sum; seq 1 200000", { timeout = 120 })
+tap.is(r and r.stdout:match("^[^\n]+"), want, "200,000 lines across the cut session: every byte once (md5)")
+tap.is(r and r.stdout_bytes, #want + 1 + 1288895, "and all of them arrived (" .. tostring(r and r.stdout_bytes) .. " bytes)")
+tap.is(r and r.exit_code, 0, "with the exit status")
+tap.ok((st.reattached or 0) >= 1, "the channel was opened again through a new session (" .. tostring(st.reattached) .. ")")
+tap.is(st.agent_pid, agent_pid, "to the same agent")
+
+local state = standin:state()
+local cut, killed = 0, 0
+for _, s in ipairs(state.sessions or {}) do
+  if s.dropped then cut = cut + 1 end
+  if s.processKilled then killed = killed + 1 end
+end
+tap.ok(cut >= 1, "the stand-in cut the agent's session (" .. cut .. ")")
+tap.ok(killed >= 1, "and killed the process it had started, as the SSM agent does")
+
+local view = box:wait(bg, 30)
+tap.is(view and view.exit_code, 0, "the background process ran on")
+local out = box:output(bg, { max_bytes = 100000 })
+local n, in_order = 0, true
+for line in out.text:gmatch("[^\n]+") do
+  n = n + 1
+  if line ~= "tick " .. n then in_order = false end
+end
+tap.ok(n == 30 and in_order, "its log is whole (" .. n .. " ticks in order)")
+
+-- Binary output whose end is not UTF-8 (the SSM agent would hold it back
+-- on a bare PTY): it arrives at once and exact.
+r = box:exec("printf 'a\\342\\202' | tee /tmp/tail", { timeout = 30 })
+tap.is(r and r.stdout_bytes, 3, "output ending inside a UTF-8 sequence arrives whole")
+tap.is(box:read_file("/tmp/tail"), "a\226\130", "byte for byte")
+tap.is(box:exec("echo fine").stdout, "fine\n", "commands go on")
+box:close()
+standin:stop()
+tap.done()
