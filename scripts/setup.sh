@@ -33,6 +33,7 @@ packages=(
     # build
     build-essential pkg-config lua5.4 liblua5.4-dev libcurl4-openssl-dev
     libcjson-dev libssl-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
+    libarchive-dev
     # runtime
     docker.io iptables ca-certificates
     # image building
@@ -40,6 +41,8 @@ packages=(
     # tests
     valgrind procps psmisc curl socat python3 python3-boto3 python3-botocore
     luarocks man-db groff-base
+    # image tests: a loopback registry, fixtures pushed to it, its token issuer
+    docker-registry skopeo python3-jwt python3-cryptography zstd
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
 # Word splitting is the point: the variable is a space separated list.
