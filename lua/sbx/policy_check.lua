@@ -124,6 +124,28 @@ local RULES = {
   ["docker.kill_timeout"] = POS,
   ["docker.disk_poll"] = POS,
   ["docker.disk_poll_load"] = num { gt = 0 },
+  ["images.dir"] = maybe(str { nonempty = true }),
+  ["images.max_bytes"] = int { gt = 0 },
+  ["images.max_layer_bytes"] = int { gt = 0 },
+  ["images.max_layer_entries"] = int { gt = 0 },
+  ["images.max_manifest_bytes"] = int { gt = 0 },
+  ["images.device_nodes"] = str { enum = { "refuse", "skip" } },
+  ["images.platform"] = maybe(str { check = function(v)
+    if type(v) == "string" and not v:match("^[%w_]+/[%w_]+$") and not v:match("^[%w_]+/[%w_]+/[%w_]+$") then
+      return "must be os/arch or os/arch/variant, such as linux/arm64/v8"
+    end
+  end }),
+  ["images.insecure_registries"] = list(str { nonempty = true }),
+  ["images.docker_config"] = maybe(str()),
+  ["images.timeout"] = POS,
+  ["images.connect_timeout"] = POS,
+  ["images.stall_timeout"] = POS,
+  ["images.blob_timeout"] = POS,
+  ["images.max_attempts"] = int { gt = 0 },
+  ["images.retry_statuses"] = map(BOOL, "integer"),
+  ["images.retry_transport"] = map(BOOL),
+  ["images.parallel"] = int { gt = 0 },
+  ["images.lock_timeout"] = POS,
   ["harness.concurrency"] = int { gt = 0 },
   ["harness.task_box_options"] = list(str()),
   ["fargate.region"] = maybe(str()),
