@@ -8,6 +8,10 @@ trusts, and a proxy in front of it that can misbehave on request.
       the local images and this script stay the same): a signing key and
       its certificate, a registry storage with images pushed by skopeo,
       OCI layouts and archives. Prints DIR.
+  images_registry.py layout DIR SPEC
+      Writes an OCI layout at DIR holding one image: SPEC is JSON
+      {"layers": [[entry, ...], ...], "tag", "arch"}, an entry {"name",
+      "type": file|dir|symlink|link|chr, "data", "linkname", "mode"}.
   images_registry.py serve DIR PARENT_PID
       Serves DIR's storage: prints one JSON line {"registry": port,
       "proxy": port} and runs until PARENT_PID is gone.
@@ -303,7 +307,35 @@ def tar_of(entries):
     return buf.getvalue()
 
 
-def add_image(layout, layers, arch, annotations=None, extra_files=None):
+def tar_spec(entries):
+    """A tar from [{"name", "type": file|dir|symlink|link|chr, "data", "linkname", "mode", "size"}]."""
+    types = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
+             "link": tarfile.LNKTYPE, "chr": tarfile.CHRTYPE}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for e in entries:
+            ti = tarfile.TarInfo(e["name"])
+            ti.type = types[e.get("type", "file")]
+            ti.mode = e.get("mode", 0o755 if ti.type == tarfile.DIRTYPE else 0o644)
+            ti.mtime = 1700000000
+            ti.linkname = e.get("linkname", "")
+            data = e.get("data", "").encode()
+            if ti.type == tarfile.REGTYPE:
+                ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data) if ti.type == tarfile.REGTYPE else None)
+    return buf.getvalue()
+
+
+def layout(d, spec):
+    """An OCI layout at d holding one image made of spec's layers, tagged spec's tag."""
+    new_layout(d)
+    md = add_image(d, [tar_spec(l) for l in spec["layers"]], spec.get("arch", "amd64"),
+                   {"org.opencontainers.image.ref.name": spec.get("tag", "latest")})
+    del md["platform"]
+    open(os.path.join(d, "index.json"), "w").write(json.dumps({"schemaVersion": 2, "manifests": [md]}))
+
+
+def add_image(layout, layers, arch, annotations=None):
     """A manifest in layout for the given uncompressed layer tars; returns its descriptor."""
     descs, diff_ids = [], []
     for t in layers:
@@ -440,5 +472,7 @@ def serve(d, parent):
 if __name__ == "__main__":
     if sys.argv[1] == "fixtures":
         fixtures(sys.argv[2])
+    elif sys.argv[1] == "layout":
+        layout(sys.argv[2], json.loads(sys.argv[3]))
     elif sys.argv[1] == "serve":
         serve(sys.argv[2], int(sys.argv[3]))
