@@ -157,6 +157,7 @@ local function install(cache, pol, desc, source, names, stamp)
       return nil, string.format("diff id %d of the config is not a sha256 digest", i), "bad_image"
     end
   end
+  cache:clean_tmp()
   local gc <close>, gerr, gcode = cache:lock("gc", "sh")
   if not gc then return nil, gerr, gcode end
   local old = cache:image(desc.id)
@@ -255,7 +256,7 @@ local function from_daemon(cache, pol, d)
   local file = tmp .. "/image.tar"
   local r, herr, hcode = require("sbx.http").request {
     url = dm.prefix .. path .. "/get", unix_socket = dm.unix_socket, stream = true,
-    timeout = require("sbx").policy.docker.pull_timeout,
+    timeout = pol.docker and pol.docker.pull_timeout or pol.images.blob_timeout,
   }
   if not r or r.status ~= 200 then
     layer.remove(tmp)
@@ -263,7 +264,11 @@ local function from_daemon(cache, pol, d)
       r and "daemon_unavailable" or hcode
   end
   local body <close> = r.body_stream
-  local f = assert(io.open(file, "wb"))
+  local f, ferr = io.open(file, "wb")
+  if not f then
+    layer.remove(tmp)
+    return nil, "cannot write " .. file .. ": " .. tostring(ferr), "io"
+  end
   while true do
     local chunk, rerr, rcode = body:read(pol.images.stall_timeout)
     if not chunk then
@@ -274,7 +279,12 @@ local function from_daemon(cache, pol, d)
       end
       break
     end
-    f:write(chunk)
+    local ok, werr = f:write(chunk)
+    if not ok then
+      f:close()
+      layer.remove(tmp)
+      return nil, "cannot write " .. file .. ": " .. tostring(werr), "io"
+    end
   end
   local desc, derr, dcode = sources.docker_archive(file, d, pol.images, "docker-daemon:" .. d.canonical)
   if not desc then
@@ -482,6 +492,11 @@ end
 local function names_for(cache, ref, ipol)
   local names = cache:names()
   local hexp = ref:match("^sha256:(%x+)$") or ref:match("^(%x%x%x%x%x%x+)$")
+  -- A name that is also hex ("beef01") is a name when the cache has it.
+  if hexp and not ref:find(":") then
+    local d = refs.docker_name(ref, ipol.hub.name)
+    if d and (names[d.canonical] or names["docker-daemon:" .. d.canonical]) then hexp = nil end
+  end
   if hexp then
     local out, ids = {}, {}
     for n, v in pairs(names) do
