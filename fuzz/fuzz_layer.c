@@ -83,10 +83,19 @@ check_path(const uint8_t *data, size_t size)
   CHECK(sbx_layer_clean_path(out, again, sizeof again) == rc && strcmp(again, out) == 0);
 }
 
+static char scratch[64];
+
+/* The scratch directory goes with the process (the canary stays: every
+** run shares it, and it must stay empty). */
+static void
+remove_scratch(void)
+{
+  rmdir(scratch);
+}
+
 static void
 check_unpack(const uint8_t *data, size_t size)
 {
-  static char scratch[64];
   char box[128], root[160], first[256];
   struct sbx_layer_opts o;
   struct sbx_layer_result r;
@@ -95,6 +104,7 @@ check_unpack(const uint8_t *data, size_t size)
     snprintf(scratch, sizeof scratch, "/tmp/sbx-fuzz-layer-%d", (int)getpid());
     mkdir(scratch, 0700);
     mkdir(CANARY, 0700);
+    atexit(remove_scratch);
   }
   snprintf(box, sizeof box, "%s/box", scratch);
   snprintf(root, sizeof root, "%s/root", box);

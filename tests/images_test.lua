@@ -122,7 +122,7 @@ do
   os.execute(string.format("head -c 300000 %s > %s", q(fx .. "/busybox-docker.tar"), q(copy)))
   r, e, c = images.resolve("docker-archive:" .. copy, { policy = IH.cache_policy() })
   t.ok(r == nil and (c == "bad_image" or c == "bad_layer"), "a truncated docker save: an error", tostring(e) .. " " .. tostring(c))
-  t.ok(a.digest == busybox_id, "")
+  t.is(a.digest, busybox_id, "the archive's first reading was the daemon's image")
 end
 
 -- A hostile image end to end: refused, nothing cached, nothing outside ----------------------
@@ -180,6 +180,47 @@ do
     else
       t.skip("overlay as root", "not root")
     end
+  end
+end
+
+-- Another user: a cache of its own, files of its own, layers it can mount ---------------
+
+do
+  if layer.euid() == 0 and os.execute("command -v setpriv >/dev/null 2>&1") then
+    local home = IH.tmpdir("user")
+    local wh = layout { layers = {
+      { { name = "a/x", data = "x" }, { name = "a/y", data = "y" } },
+      { { name = "a/.wh.x" }, { name = "n", data = "n" } },
+    } }
+    os.execute(string.format("cp -r %s %s/oci && cp -r %s %s/wh && chown -R 65534:65534 %s",
+      q(fx .. "/oci-busybox"), q(home), q(wh), q(home), q(home)))
+    local prog = home .. "/p.lua"
+    local f = assert(io.open(prog, "w"))
+    f:write(string.format([[
+      local images = require "sbx.images"
+      local a, err = images.resolve("oci:%s/oci")
+      local b, err2 = images.resolve("oci:%s/wh")
+      if not a or not b then print("fail", err, err2) return end
+      print(a.digest, b.layers[2] .. ":" .. b.layers[1], images.dir())
+    ]], home, home))
+    f:close()
+    os.execute("chown 65534:65534 " .. q(prog))
+    local as_user = string.format("setpriv --reuid=65534 --regid=65534 --clear-groups env -u XDG_CACHE_HOME HOME=%s ", q(home))
+    local out, rc = H.sh(as_user .. q(H.sbx_bin) .. " run " .. q(prog))
+    local id, lower, dir = out:match("^(sha256:%x+)	(%S+)	(%S+)")
+    t.ok(rc == 0 and id, "another user pulls into its own cache", out)
+    t.is(dir, home .. "/.cache/sbx/images", "under its HOME's .cache")
+    local st = lower and layer.stat(lower:match("^([^:]+)") .. "/n")
+    t.ok(st and st.uid == 65534, "the files are that user's")
+    local mnt = home .. "/mnt"
+    os.execute("mkdir " .. q(mnt) .. " && chown 65534 " .. q(mnt))
+    out, rc = H.sh(as_user .. "unshare --user --map-root-user --mount sh -c " ..
+      q(string.format("mount -t overlay overlay -o userxattr,lowerdir=%s %s && cd %s && find . | sort | tr '\\n' ' ' && stat -c %%u n",
+        tostring(lower), mnt, mnt)))
+    t.ok(rc == 0 and out:find("./a/y") and not out:find("./a/x") and out:find("./n") and out:match("0%s*$"),
+      "it mounts them as overlayfs lowerdirs in its user namespace: whiteouts hide, its files are root's there", out)
+  else
+    for _ = 1, 4 do t.skip("another user's cache", "needs root and setpriv") end
   end
 end
 

@@ -99,7 +99,7 @@ do
   f:write(MAKE)
   f:close()
 end
-local listing, rc = H.sh(string.format("python3 %s %s %s", q(script), q(tars), q(base .. "/outside")))
+local listing, rc = H.sh(string.format("/usr/bin/python3 %s %s %s", q(script), q(tars), q(base .. "/outside")))
 t.is(rc, 0, "the test layers were built")
 local digests = {}
 for name, d, diff in listing:gmatch("(%S+) (sha256:%x+) (sha256:%x+)") do digests[name] = { d, diff } end
@@ -198,7 +198,7 @@ local function check_good(name, opts, label)
   t.ok(math.abs(layer.stat(d .. "/etc/hostname").mtime - 1700000000) < 1, label .. ": mtimes kept")
   local wo = H.sh("stat -c '%F %t:%T' " .. q(d .. "/var/cache"))
   t.like(wo, "character special file 0:0", label .. ": .wh.NAME became a 0/0 character device")
-  local x = H.sh("python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], \"user.overlay.opaque\"))' " .. q(d .. "/opq"))
+  local x = H.sh("/usr/bin/python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], \"user.overlay.opaque\"))' " .. q(d .. "/opq"))
   t.like(x, "b'y'", label .. ": .wh..wh..opq made the directory opaque (user.overlay.opaque)")
   t.is(layer.read(d .. "/same/keep", 10), "k", label .. ": a whiteout does not hide its own layer's file")
   t.is(layer.stat(d .. "/fifo").type, "other", label .. ": a FIFO")
