@@ -31,7 +31,7 @@ needing auth)}. GET /_stats gives per-kind request counts and the
 Authorization headers the redirect target saw.
 """
 import base64, fcntl, hashlib, http.client, io, json, os, shutil, socket, subprocess, sys, tarfile
-import threading, time, gzip, uuid
+import signal, threading, time, gzip, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jwt
@@ -261,10 +261,17 @@ def handler_for(state):
     return H
 
 
+def die_with_parent():
+    """In the registry's process: SIGTERM when this script ends, however it ends."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start(d, storage):
     rport, pport = free_port(), free_port()
     cfg = registry_config(d, storage, rport, "http://127.0.0.1:%d/token" % pport)
-    reg = subprocess.Popen(["docker-registry", "serve", cfg], stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "registry.log"), "ab"))
+    reg = subprocess.Popen(["docker-registry", "serve", cfg], stdout=subprocess.DEVNULL,
+                           stderr=open(os.path.join(d, "registry.log"), "ab"), preexec_fn=die_with_parent)
     state = State(d, rport)
     srv = ThreadingHTTPServer(("127.0.0.1", pport), handler_for(state))
     srv.daemon_threads = True
@@ -445,6 +452,7 @@ def fixtures(d):
 
 
 def serve(d, parent):
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # so the finally below runs
     run = os.path.join(d, "run-%d" % os.getpid())
     os.makedirs(run)
     shutil.copy(os.path.join(d, "cert.pem"), run)
