@@ -36,6 +36,19 @@ end
 t.like(select(2, images.resolve("nope::", { policy = IH.cache_policy() })), "references: docker://NAME",
   "a bad reference lists the forms")
 
+-- policy.images is checked when a policy is loaded.
+for _, case in ipairs {
+  { { platform = "amd64" }, "os/arch" }, { { device_nodes = "keep" }, '"refuse", "skip"' },
+  { { max_bytes = -1 }, "> 0" }, { { insecure_registries = "host:5000" }, "a list" },
+  { { retry_statuses = { x = true } }, "integers" }, { { max_atempts = 3 }, "did you mean images.max_attempts" },
+  { { hub = { registry = 5 } }, "images.hub.registry must be a string" },
+} do
+  local ok, perr = sbx.policy_check.policy { images = case[1] }
+  t.ok(not ok and tostring(perr):find(case[2], 1, true), "policy.images: " .. tostring(perr), tostring(perr))
+end
+t.ok(sbx.policy_check.policy { images = { platform = "linux/arm64/v8", insecure_registries = { "r.internal:5000" } } },
+  "policy.images: a platform and insecure registries")
+
 -- Local sources ---------------------------------------------------------------------
 
 local pol = IH.cache_policy()
