@@ -26,6 +26,7 @@
 --                are removed (rm, prune), so nothing a pull relies on goes;
 --   image-<hex>  shared by whoever uses an image (images.hold); rm and
 --                prune leave held images alone.
+-- Lock files are never removed (an unlinked one would split its holders).
 local core = require "sbx.core"
 
 local json, layer = core.json, core.layer
@@ -192,6 +193,8 @@ function Cache:ensure_layer(diff_id, fetch)
   end
   if not ok then
     layer.remove(tmp)
+    -- Another process got there first (it can only have put a whole layer).
+    if self:layer_root(diff_id) then return self:layer_root(diff_id), self:layer_meta(diff_id) end
     return nil, string.format("layer %s: %s", diff_id, tostring(werr)), wcode
   end
   return self:layer_dir(diff_id) .. "/root", meta
@@ -324,9 +327,10 @@ function Cache:collect(opts)
       report.held[#report.held + 1] = rec.id
       return false
     end
+    -- The lock file stays: one unlinked under a waiting holder would let
+    -- a later holder and a later prune miss each other.
     os.remove(self:image_path(rec.id))
     hold:close()
-    os.remove(self.dir .. "/locks/image-" .. hex(rec.id) .. ".lock")
     report.images[#report.images + 1] = rec.id
     return true
   end

@@ -449,7 +449,15 @@ function M.hold(image, opts)
   end
   local cache, err, code = cache_mod.open(policy_of(opts).images)
   if not cache then return nil, err, code end
-  return cache:lock("image-" .. image.digest:match("^sha256:(%x+)$"), "sh")
+  local lease, lerr, lcode = cache:lock("image-" .. image.digest:match("^sha256:(%x+)$"), "sh")
+  if not lease then return nil, lerr, lcode end
+  -- A prune may have taken it between resolve and now.
+  local rec = cache:image(image.digest)
+  if not rec or not cache:complete(rec) then
+    lease:close()
+    return nil, string.format("image %s was removed from the cache before it could be held", image.digest), "not_found"
+  end
+  return lease
 end
 
 --[[
