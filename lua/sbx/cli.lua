@@ -212,26 +212,24 @@ function commands.policy(args)
   return 2
 end
 
-local function human(n)
-  n = tonumber(n) or 0
-  local units = { "B", "kB", "MB", "GB", "TB" }
-  local i = 1
-  while n >= 1000 and i < #units do n = n / 1000; i = i + 1 end
-  return i == 1 and string.format("%d%s", n, units[i]) or string.format("%.1f%s", n, units[i])
-end
-
-local function ago(t)
-  if not t then return "-" end
-  local s = os.time() - t
-  if s < 60 then return "just now" end
-  if s < 3600 then return string.format("%d minutes ago", s // 60) end
-  if s < 86400 then return string.format("%d hours ago", s // 3600) end
-  return string.format("%d days ago", s // 86400)
-end
-
 -- sbx images [ls | pull REF | rm REF... | prune]: the image cache.
 function commands.images(args)
   local images = require "sbx.images"
+  local function human(n)
+    n = tonumber(n) or 0
+    local units = { "B", "kB", "MB", "GB", "TB" }
+    local i = 1
+    while n >= 1000 and i < #units do n = n / 1000; i = i + 1 end
+    return i == 1 and string.format("%d%s", n, units[i]) or string.format("%.1f%s", n, units[i])
+  end
+  local function ago(t)
+    if not t then return "-" end
+    local s = os.time() - t
+    if s < 60 then return "just now" end
+    if s < 3600 then return string.format("%d minutes ago", s // 60) end
+    if s < 86400 then return string.format("%d hours ago", s // 3600) end
+    return string.format("%d days ago", s // 86400)
+  end
   local sub = args[1] or "ls"
   if sub == "ls" or sub == "list" then
     if args[2] then err("images ls takes no arguments") return 2 end
