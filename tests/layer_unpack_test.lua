@@ -84,6 +84,7 @@ write("huge.tar.gz", hdr.tobuf(tarfile.GNU_FORMAT) + b"\0" * 1024)
 write("whiteout_dotdot.tar.gz", tar([("d/.wh...", {})]))
 write("deep.tar.gz", tar([("/".join(["d"] * 300) + "/f", dict(data=b"x"))]))
 write("many.tar.gz", tar([("f%d" % i, dict(data=b"")) for i in range(50)]))
+write("slow.tar", tar([("d%d/f%d" % (i // 100, i), dict(data=b"x" * 100)) for i in range(20000)]), gz=False)
 g = gzip.compress(good, mtime=0)
 open(os.path.join(out, "truncated.tar.gz"), "wb").write(g[: len(g) // 2])
 c = bytearray(g); c[len(c) // 2] ^= 0xFF
@@ -219,6 +220,25 @@ if os.execute("command -v zstd >/dev/null 2>&1") then
   t.ok(r and r.diff_id == digests["good.tar"][2], "a zstd layer", err)
 else
   t.skip("a zstd layer", "no zstd command")
+end
+
+-- A task cancelled while its layer unpacks: the wait ends at once, the
+-- thread stops soon after, and the loop goes on.
+do
+  local dir = fresh()
+  local task = sbx.spawn(function()
+    return layer.unpack { file = tars .. "/slow.tar", dest = dir .. "/dest" }
+  end)
+  sbx.sleep(0.05)
+  local t0 = sbx.now()
+  task:cancel()
+  local done = task:join(5)
+  local ok, res = task:result()
+  t.ok(done and not ok and tostring(res):find("cancel") and sbx.now() - t0 < 1,
+    "a cancelled unpack ends its task at once", tostring(res))
+  sbx.sleep(0.5)
+  local r = layer.unpack { file = tars .. "/good.tar", dest = fresh() .. "/dest" }
+  t.ok(r and layer.remove(dir .. "/dest"), "and the next unpack runs; the half-written tree is removable")
 end
 
 -- Removal keeps to the tree, whatever the modes.
