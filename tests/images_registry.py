@@ -27,7 +27,7 @@ faults, each {"match": substring of the path, "count": n, and one of
 "status": code (with optional "retry_after"), "stall": bytes to send
 before stalling for "seconds", "corrupt": true (flip a byte of the body),
 "redirect": true (307 to localhost:PORT/_redirect/..., served without
-needing auth)}. GET /_stats gives per-kind request counts and the
+needing auth), "strip_challenge": true (a 401 without WWW-Authenticate)}. GET /_stats gives per-kind request counts and the
 Authorization headers the redirect target saw.
 """
 import base64, fcntl, hashlib, http.client, io, json, os, shutil, socket, subprocess, sys, tarfile
@@ -240,8 +240,11 @@ def handler_for(state):
             r, body = self.forward(self.path, None)
             self.send_response(r.status)
             for k, v in r.getheaders():
-                if k.lower() not in ("content-length", "connection", "transfer-encoding", "date"):
-                    self.send_header(k, v)
+                if k.lower() in ("content-length", "connection", "transfer-encoding", "date"):
+                    continue
+                if f and f.get("strip_challenge") and k.lower() == "www-authenticate":
+                    continue
+                self.send_header(k, v)
             if f and f.get("corrupt") and r.status == 200 and body:
                 b = bytearray(body)
                 b[len(b) // 2] ^= 0xFF

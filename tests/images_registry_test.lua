@@ -218,6 +218,14 @@ do
   reg:faults {}
 end
 
+-- A 401 without a challenge: GET /v2/ tells how to log in.
+do
+  reg:faults { { match = "/manifests/", strip_challenge = true, count = 1 } }
+  local r, e = images.resolve("docker://" .. P .. "/library/busybox:latest", { policy = IH.cache_policy() })
+  t.ok(r and r.digest == busybox_id and reg:stats().faults_fired > 0, "a 401 without a challenge: the one of GET /v2/ is used", tostring(e))
+  reg:faults {}
+end
+
 -- Plain HTTP ---------------------------------------------------------------------------------------
 
 do

@@ -6,7 +6,8 @@
 --   local n, err, code = c:blob_to_file("library/busybox", digest, size, path)
 --
 -- Authentication as Docker Hub does it: a request answered 401 with
--- `WWW-Authenticate: Bearer realm=...,service=...,scope=...` gets a token
+-- `WWW-Authenticate: Bearer realm=...,service=...,scope=...` (or, when the
+-- answer has no challenge, the one GET /v2/ gives) gets a token
 -- from the realm (anonymously, or with the credentials of
 -- sbx.images.credentials) and is sent again with it; `Basic` sends the
 -- credentials themselves. Tokens are kept per scope until they expire.
@@ -269,6 +270,11 @@ function Client:get(path, o)
       close_body(r)
       authed = true
       local scheme, params = parse_challenge(r.headers["www-authenticate"])
+      if not scheme then
+        -- No challenge on the resource: the API root says how to log in.
+        local root = self:_send { url = self.base .. "/v2/", timeout = o.timeout }
+        if root and root.status == 401 then scheme, params = parse_challenge(root.headers["www-authenticate"]) end
+      end
       if scheme == "bearer" then
         local scope = params.scope or ("repository:" .. o.repo .. ":pull")
         local token, terr, tcode = self:_token(params, scope)
