@@ -236,7 +236,7 @@ do
   t.is(registry.client("registry.internal:5000", ipol).base, "https://registry.internal:5000", "so they are reached over HTTPS")
   local ins = IH.policy { images = { insecure_registries = { "registry.internal:5000" } } }.images
   t.is(registry.client("registry.internal:5000", ins).base, "http://registry.internal:5000", "unless policy.images.insecure_registries lists them")
-  t.is(registry.client("docker.io", ipol).base, ipol.hub.registry, "Docker Hub's registry comes from policy.images.hub")
+  t.is(registry.client(ipol.hub.name, ipol).base, ipol.hub.registry, "Docker Hub's registry comes from policy.images.hub")
 end
 
 -- Two processes pulling the same image at once ---------------------------------------------------------

@@ -36,6 +36,25 @@ end
 t.like(select(2, images.resolve("nope::", { policy = IH.cache_policy() })), "references: docker://NAME",
   "a bad reference lists the forms")
 
+-- Names, normalised as docker normalises them.
+do
+  local refs = require "sbx.images.ref"
+  local hub = sbx.policy.images.hub
+  local D = string.rep("a", 64)
+  for _, case in ipairs {
+    { "busybox", hub.name .. "/library/busybox:latest" },
+    { "team/tool:1.2", hub.name .. "/team/tool:1.2" },
+    { hub.aliases[1] .. "/busybox", hub.name .. "/library/busybox:latest" },
+    { "127.0.0.1:5000/a/b", "127.0.0.1:5000/a/b:latest" },
+    { "localhost/x:y", "localhost/x:y" },
+    { "r.internal/x@sha256:" .. D, "r.internal/x@sha256:" .. D },
+    { "x:1@sha256:" .. D, hub.name .. "/library/x@sha256:" .. D },
+  } do
+    local d, derr = refs.docker_name(case[1], hub)
+    t.is(d and d.canonical, case[2], "name " .. case[1] .. (derr and (": " .. derr) or ""))
+  end
+end
+
 -- policy.images is checked when a policy is loaded.
 for _, case in ipairs {
   { { platform = "amd64" }, "os/arch" }, { { device_nodes = "keep" }, '"refuse", "skip"' },

@@ -233,10 +233,12 @@ policy.images = {
   -- CLI writes them); nil: $DOCKER_CONFIG, else ~/.docker.
   docker_config = nil,
   credential_helpers = true,    -- run docker-credential-<name> helpers that config.json names
-  -- Docker Hub: the name images carry, where its registry answers, and the
-  -- key the docker CLI files its credentials under.
+  -- Docker Hub: the name images carry, other names for it that image names
+  -- may use, where its registry answers, and the key the docker CLI files
+  -- its credentials under.
   hub = {
     name = "docker.io",
+    aliases = { "index.docker.io" },
     registry = "https://registry-1.docker.io",
     auth_key = "https://index.docker.io/v1/",
   },

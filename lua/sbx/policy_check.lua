@@ -136,6 +136,7 @@ local RULES = {
     end
   end }),
   ["images.insecure_registries"] = list(str { nonempty = true }),
+  ["images.hub.aliases"] = list(str { nonempty = true }),
   ["images.docker_config"] = maybe(str()),
   ["images.timeout"] = POS,
   ["images.connect_timeout"] = POS,

@@ -100,8 +100,8 @@ end
 
 --[[
 credentials.lookup(host, pol) -> creds | nil | nil, message
-  host: a registry's host[:port] as images name it ("docker.io" for Docker
-  Hub). creds: { username, password } or { identity_token }, with source
+  host: a registry's host[:port] as images name it (policy.images.hub.name
+  for Docker Hub). creds: { username, password } or { identity_token }, with source
   (where they came from, for messages). nil alone: none (anonymous). A
   config.json that cannot be parsed is an error. Runs a helper (blocking:
   helpers answer at once) when one is named and pol.credential_helpers.

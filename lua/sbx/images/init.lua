@@ -326,7 +326,7 @@ function M.resolve(ref, opts)
   local pol = policy_of(opts)
   local ipol = pol.images
   local pull = opts.pull or (pol.box and pol.box.pull) or "missing"
-  local r, perr = refs.parse(ref, { hub = ipol.hub.name, exists = exists })
+  local r, perr = refs.parse(ref, { hub = ipol.hub, exists = exists })
   if not r then return nil, perr, "bad_reference" end
 
   if r.transport == "host" then
@@ -502,7 +502,7 @@ local function names_for(cache, ref, ipol)
   local hexp = ref:match("^sha256:(%x+)$") or ref:match("^(%x%x%x%x%x%x+)$")
   -- A name that is also hex ("beef01") is a name when the cache has it.
   if hexp and not ref:find(":") then
-    local d = refs.docker_name(ref, ipol.hub.name)
+    local d = refs.docker_name(ref, ipol.hub)
     if d and (names[d.canonical] or names["docker-daemon:" .. d.canonical]) then hexp = nil end
   end
   if hexp then
@@ -519,7 +519,7 @@ local function names_for(cache, ref, ipol)
     local id = next(ids)
     return out, nil, id
   end
-  local r, err = refs.parse(ref, { hub = ipol.hub.name, exists = exists })
+  local r, err = refs.parse(ref, { hub = ipol.hub, exists = exists })
   if not r then return nil, err end
   if r.transport == "name" then
     local out = {}

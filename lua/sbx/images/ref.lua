@@ -10,9 +10,10 @@
 --   host                          the host's root, read-only
 --   NAME                          a bare name: the cache, a daemon, a registry
 --
--- ref.parse(s, hub) -> { transport, ... } | nil, message. hub is the name
--- Docker Hub images carry (policy.images.hub.name). Pure: no I/O, except
--- that a relative PATH is made absolute against the current directory.
+-- ref.parse(s, opts) -> { transport, ... } | nil, message. opts.hub is
+-- policy.images.hub: the name Docker Hub images carry and its aliases.
+-- Pure: no I/O, except that a relative PATH is made absolute against the
+-- current directory.
 local M = {}
 
 M.TRANSPORTS = {
@@ -43,14 +44,18 @@ M.valid_component = valid_component
 --[[
 ref.docker_name(s, hub) -> { domain, path, tag, digest, name, canonical } |
 nil, message
-  Normalises a name as docker does: "busybox" is
-  docker.io/library/busybox:latest; the first component is a registry when
-  it has a '.' or a ':' or is "localhost". canonical is name:tag, or
+  hub: policy.images.hub ({ name, aliases }). Normalises a name as docker
+  does: "busybox" is <hub.name>/library/busybox:latest, and an alias of the
+  hub is the hub; the first component is a registry when it has a '.' or a
+  ':' or is "localhost". canonical is name:tag, or
   name@digest when a digest is given (a tag beside a digest is kept in tag
   and ignored for lookups, as docker does).
 ]]
-function M.docker_name(s, hub)
-  hub = hub or "docker.io"
+function M.docker_name(s, hub_policy)
+  if type(hub_policy) ~= "table" or type(hub_policy.name) ~= "string" then
+    error("ref.docker_name: the hub policy (policy.images.hub)", 2)
+  end
+  local hub = hub_policy.name
   if type(s) ~= "string" or s == "" then return nil, "an empty image name" end
   if s:find("[%s%c]") then return nil, string.format("%q is not an image name (spaces or control characters)", s) end
   local rest, digest = s:match("^(.-)@(.*)$")
@@ -74,7 +79,9 @@ function M.docker_name(s, hub)
   if not domain or not (domain:find("[.:]") or domain == "localhost" or domain:find("%u")) then
     domain, path = hub, rest
   end
-  if domain == "index.docker.io" then domain = hub end
+  for _, alias in ipairs(hub_policy.aliases or {}) do
+    if domain == alias then domain = hub end
+  end
   if domain == hub and not path:find("/", 1, true) then path = "library/" .. path end
   if path:find("%u") then return nil, string.format("%q: repository names must be lowercase", s) end
   for c in (path .. "/"):gmatch("([^/]*)/") do
@@ -119,7 +126,7 @@ end
 
 --[[
 ref.parse(s, opts) -> ref | nil, message
-  opts: hub (Docker Hub's name), exists(path) -> bool (for PATH:SUFFIX).
+  opts: hub (policy.images.hub), exists(path) -> bool (for PATH:SUFFIX).
   ref: { transport, input = s, key (the cache's name for it), ... }:
     docker, docker-daemon, name: docker = ref.docker_name(...)
     docker-archive: path, name (or nil); oci-archive, oci: path, tag
@@ -127,7 +134,7 @@ ref.parse(s, opts) -> ref | nil, message
 ]]
 function M.parse(s, opts)
   opts = opts or {}
-  local hub = opts.hub or "docker.io"
+  local hub = opts.hub
   local exists = opts.exists or function() return false end
   if type(s) ~= "string" then return nil, "an image reference must be a string" end
   if s == "" then return nil, "an empty image reference" end

@@ -291,7 +291,7 @@ function M.docker_archive(path, name, pol, label)
   for _, m in ipairs(manifest) do
     for _, t in ipairs(type(m) == "table" and type(m.RepoTags) == "table" and m.RepoTags or {}) do
       tags[#tags + 1] = t
-      local d = refs.docker_name(t, pol.hub.name)
+      local d = refs.docker_name(t, pol.hub)
       if name and d and d.canonical == name.canonical then pick = m end
     end
   end
