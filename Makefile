@@ -7,7 +7,7 @@
 #                   binary, libraries, header, sbx.pc, man page, Lua module
 #   make module / install-module LUA_CMOD=DIR
 #                   only sbx.so, for sbx-<version>-1.rockspec (luarocks make)
-PKGS      := lua5.4 libcurl libcjson libuv openssl libwebsockets
+PKGS      := lua5.4 libcurl libcjson libuv openssl libwebsockets libarchive
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
@@ -33,7 +33,7 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wundef -Wwrite-strings \
              -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=gnu11 -fPIC $(WARN) $(shell pkg-config --cflags $(PKGS))
-LIBS      := $(shell pkg-config --libs libcurl libcjson libuv openssl libwebsockets)
+LIBS      := $(shell pkg-config --libs libcurl libcjson libuv openssl libwebsockets libarchive)
 LUALIB    := $(shell pkg-config --libs lua5.4)
 ifeq ($(SANITIZE),1)
 CFLAGS    += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -43,7 +43,7 @@ endif
 LIB_SRCS  := src/host.c src/core.c src/fail.c src/http.c src/json.c src/stream.c src/text.c \
              src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
              src/demux.c src/hijack.c src/proc.c src/agent_proto.c src/sha256.c \
-             src/agent_lua.c
+             src/agent_lua.c src/layer.c src/layer_lua.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 # sbx-agent (agent/): a static program per architecture, carried inside
 # libsbx (agent_blob.S) so sbx can place it into any box. x86_64 with musl
@@ -56,13 +56,14 @@ AGENT_CROSS ?= aarch64-linux-gnu-
 AGENT_FLAGS := -static -O2 -std=gnu11 $(WARN) -Isrc
 AGENT_ARCHES := x86_64 $(shell command -v $(AGENT_CROSS)gcc >/dev/null 2>&1 && echo aarch64)
 # Fuzz targets: fuzz/fuzz_<name>.c, and the codecs (src/<dep>.c) each links.
-FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent
+FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent layer
 FUZZ_DEPS_demux     := demux
 FUZZ_DEPS_http_head := hijack demux
 FUZZ_DEPS_utf8      := capture
 FUZZ_DEPS_ssm       := ssm
 FUZZ_DEPS_sigv4     := sigv4
 FUZZ_DEPS_agent     := agent_proto sha256
+FUZZ_DEPS_layer     := layer
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o $(BUILD)/agent_blob.o
 
 all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \

@@ -35,6 +35,7 @@ packages=(
     libcjson-dev libssl-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
     # sbx-agent: static for x86_64 (musl) and aarch64 (the cross compiler)
     musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+    libarchive-dev
     # runtime
     docker.io iptables ca-certificates
     # image building
@@ -44,6 +45,8 @@ packages=(
     luarocks man-db groff-base
     # the aarch64 agent runs under qemu-user in the tests
     qemu-user-static
+    # image tests: a loopback registry, fixtures pushed to it, its token issuer
+    docker-registry skopeo python3-jwt python3-cryptography zstd
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
 # Word splitting is the point: the variable is a space separated list.

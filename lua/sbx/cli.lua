@@ -24,6 +24,14 @@ commands:
                          print the merged policy (defaults, SBX_POLICY or
                          --policy, then FILE) as Lua
 
+  images [ls | pull REF | rm REF... | prune]
+                         the image cache of the daemon-free backends
+                         (${XDG_CACHE_HOME:-~/.cache}/sbx/images): list it,
+                         pull REF (docker://NAME, docker-archive:PATH,
+                         oci-archive:PATH, oci:DIR[:TAG], docker-daemon:NAME,
+                         or a bare NAME), remove images by reference or id,
+                         remove what no name needs and fit policy.images.max_bytes
+
   mcp [--backend B] [--image I]
                          serve the tools over MCP (stdio, JSON-RPC 2.0); one
                          box per session, created at the first tool call
@@ -201,6 +209,76 @@ function commands.policy(args)
     return 0
   end
   err("policy needs check FILE or show [FILE] (see sbx --help)")
+  return 2
+end
+
+-- sbx images [ls | pull REF | rm REF... | prune]: the image cache.
+function commands.images(args)
+  local images = require "sbx.images"
+  local function human(n)
+    n = tonumber(n) or 0
+    local units = { "B", "kB", "MB", "GB", "TB" }
+    local i = 1
+    while n >= 1000 and i < #units do n = n / 1000; i = i + 1 end
+    return i == 1 and string.format("%d%s", n, units[i]) or string.format("%.1f%s", n, units[i])
+  end
+  local function ago(t)
+    if not t then return "-" end
+    local s = os.time() - t
+    if s < 60 then return "just now" end
+    if s < 3600 then return string.format("%d minutes ago", s // 60) end
+    if s < 86400 then return string.format("%d hours ago", s // 3600) end
+    return string.format("%d days ago", s // 86400)
+  end
+  local sub = args[1] or "ls"
+  if sub == "ls" or sub == "list" then
+    if args[2] then err("images ls takes no arguments") return 2 end
+    local list, lerr = images.list()
+    if not list then err("images: ", lerr) return 1 end
+    print(string.format("%-60s %-12s %-14s %-9s %s", "NAME", "IMAGE ID", "SOURCE", "SIZE", "LAST USED"))
+    for _, e in ipairs(list) do
+      print(string.format("%-60s %-12s %-14s %-9s %s", e.name or "<none>", e.digest:sub(8, 19), e.source or "-",
+        human(e.size), ago(e.used)))
+    end
+    return 0
+  elseif sub == "pull" then
+    local ref = args[2]
+    if not ref or args[3] then err("images pull needs one reference (sbx images pull REF)") return 2 end
+    local t0 = sbx.now()
+    local img, perr, code = images.pull(ref)
+    if not img then
+      err("images pull: ", perr)
+      return code == "bad_reference" and 2 or 1
+    end
+    print(string.format("%s %s (%s, %d layers, %s) in %.2f s", img.name, img.digest or "", img.source,
+      img.layers and #img.layers or 0, human(img.size), sbx.now() - t0))
+    return 0
+  elseif sub == "rm" or sub == "remove" then
+    if not args[2] then err("images rm needs a reference or an image id") return 2 end
+    local status = 0
+    for i = 2, #args do
+      local report, rerr, code = images.remove(args[i])
+      if report then
+        for _, n in ipairs(report.names) do print("untagged " .. n) end
+        for _, id in ipairs(report.images) do print("deleted " .. id) end
+        if report.freed > 0 then print("freed " .. human(report.freed)) end
+      else
+        err("images rm: ", rerr)
+        status = (code == "bad_reference" and status == 0) and 2 or 1
+      end
+    end
+    return status
+  elseif sub == "prune" then
+    if args[2] then err("images prune takes no arguments") return 2 end
+    local report, perr = images.prune()
+    if not report then err("images prune: ", perr) return 1 end
+    for _, id in ipairs(report.images) do print("deleted " .. id) end
+    print(string.format("removed %d image(s), %d layer(s), freed %s; the cache uses %s%s", #report.images,
+      report.layers, human(report.freed), human(report.size),
+      #report.held > 0 and string.format(" (%d image(s) in use kept)", #report.held) or ""))
+    return 0
+  end
+  err("images: unknown subcommand '", sub, "' (ls, pull REF, rm REF, prune)")
   return 2
 end
 

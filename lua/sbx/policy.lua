@@ -214,6 +214,70 @@ policy.docker = {
   disk_poll_load = 0.1,
 }
 
+-- Images for the daemon-free backends (sbx.images): references as the
+-- containers tools write them (docker://, docker-archive:, oci-archive:,
+-- oci:, docker-daemon:, rootfs:, host), unpacked once into a cache shared
+-- by boxes and by concurrent sbx processes. policy.box.pull says when a
+-- registry is asked ("missing": only for what the cache lacks).
+policy.images = {
+  dir = nil,                    -- the cache; nil: ${XDG_CACHE_HOME:-~/.cache}/sbx/images
+  -- Disk the cache may use. After a pull that goes past it, the least
+  -- recently used images no box holds are removed until it fits.
+  max_bytes = 20 * GiB,
+  max_layer_bytes = 8 * GiB,    -- file bytes one layer may unpack to (its declared sizes, checked first)
+  max_layer_entries = 1000000,  -- files, directories and links in one layer
+  max_manifest_bytes = 4 * MiB, -- a manifest, index or config (the distribution server's own limit)
+  -- A device node in a layer: "refuse" (the image is an error) or "skip".
+  -- Unprivileged users cannot make them, and a box's /dev comes from the backend.
+  device_nodes = "refuse",
+  -- The platform taken from a multi-platform index: "os/arch[/variant]",
+  -- nil for this machine's (linux and uname -m: amd64, arm64/v8, arm/v7, ...).
+  platform = nil,
+  -- Registries reached over plain HTTP (host or host:port), as Docker's
+  -- insecure-registries; loopback registries always may be. Credentials
+  -- are never sent over plain HTTP to any other host.
+  insecure_registries = {},
+  -- Where config.json is (auths, credHelpers, credsStore, as the docker
+  -- CLI writes them); nil: $DOCKER_CONFIG, else ~/.docker.
+  docker_config = nil,
+  credential_helpers = true,    -- run docker-credential-<name> helpers that config.json names
+  -- Docker Hub: the name images carry, other names for it that image names
+  -- may use, where its registry answers, and the key the docker CLI files
+  -- its credentials under.
+  hub = {
+    name = "docker.io",
+    aliases = { "index.docker.io" },
+    registry = "https://registry-1.docker.io",
+    auth_key = "https://index.docker.io/v1/",
+  },
+  -- Registry calls: seconds per request (manifests, tokens: the whole
+  -- transfer), to connect, and the silence a blob download may keep before
+  -- it is abandoned and tried again; blob_timeout bounds one blob.
+  timeout = 30,
+  connect_timeout = 10,
+  stall_timeout = 30,
+  blob_timeout = 3600,
+  -- Retries, as the AWS client's: 429, 5xx and transport failures (refused,
+  -- cut, timed out), up to max_attempts attempts, full-jitter backoff
+  -- random(0, min(backoff_cap, backoff_base * 2^(attempt-1))) seconds, or
+  -- Retry-After up to max_retry_after. 401, 403 and 404 are answers, not
+  -- retried.
+  max_attempts = 5,
+  backoff_base = 0.2,
+  backoff_cap = 5,
+  max_retry_after = 30,
+  retry_statuses = { [429] = true, [500] = true, [502] = true, [503] = true, [504] = true },
+  retry_transport = { ECONNREFUSED = true, closed = true, timeout = true },
+  parallel = 3,                 -- layers fetched and unpacked at once
+  -- Seconds to wait for another process that is unpacking the same layer,
+  -- or removing images, before giving up ("busy").
+  lock_timeout = 600,
+  -- A bare name (no transport) is looked up in the cache, then exported
+  -- from a local Docker daemon when one answers (daemon = true), then
+  -- pulled from its registry as policy.box.pull allows.
+  daemon = true,
+}
+
 -- sbx eval and sbx.harness.run.
 policy.harness = {
   concurrency = 4,              -- tasks at once when the caller gives none
