@@ -940,6 +940,8 @@ luaopen_sbx_core(lua_State *L)
   lua_setfield(L, -2, "proc");
   sbx_open_agent(L);
   lua_setfield(L, -2, "agent");
+  sbx_open_sandbox(L);
+  lua_setfield(L, -2, "sandbox");
   lua_pushstring(L, SBX_VERSION);
   lua_setfield(L, -2, "version");
   lua_pushstring(L, SBX_COMMIT);

@@ -105,6 +105,7 @@ int sbx_open_lines(lua_State *L);
 int sbx_open_ws(lua_State *L);
 int sbx_open_proc(lua_State *L);
 int sbx_open_agent(lua_State *L);
+int sbx_open_sandbox(lua_State *L);
 void sbx_http_shutdown(struct sbx_host *h);
 /* lws goes last, in two halves: before the final uv_run and after it. */
 void sbx_ws_shutdown(struct sbx_host *h);
