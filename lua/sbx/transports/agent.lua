@@ -10,6 +10,11 @@
 -- wait(timeout) -> "data" | "eof" | "timeout", take(true) -> raw bytes, info() ->
 -- { eof, error, error_code } and close(); mac says frames must be
 -- authenticated (the channel is a PTY that other processes could write to).
+-- extra (optional): default_user, the user commands run as when they name
+-- none; env, a list of NAME=value every command gets unless its own env
+-- sets the name (the box's environment). A backend may also provide
+-- oom_killed(handle) -> killed, memory_limit: asked after a command ended
+-- with SIGKILL's status, it says whether the box's OOM killer did it.
 --
 -- Every byte from the box is untrusted: a malformed or unauthenticated
 -- frame, a frame for no job, an agent that goes quiet past its pings, all
@@ -375,6 +380,7 @@ function M.open(box, pol)
     dec = A.decoder(mac_or_err == true and key or nil), jobs = {}, next_id = 1,
     window = pol.agent.window, hello_event = core.event(),
     default_user = type(extra) == "table" and extra.default_user or nil,
+    env = type(extra) == "table" and extra.env or nil,
   }
   -- The mode byte and the key go before any frame.
   local ok, err = ch:write((st.mac and "M" or "P") .. key)
@@ -447,10 +453,17 @@ local function feed_stdin(st, job, data)
   if not st.dead then send(st, T.STDIN_EOF, job.id) end
 end
 
-local function spawn_payload(req, flags, default_user)
+local function spawn_payload(req, flags, default_user, box_env)
   local parts = {}
   for _, a in ipairs(req.argv) do parts[#parts + 1] = field(F.ARGV, a) end
-  for _, e in ipairs(req.env or {}) do parts[#parts + 1] = field(F.ENV, e) end
+  local named = {}
+  for _, e in ipairs(req.env or {}) do
+    parts[#parts + 1] = field(F.ENV, e)
+    named[e:match("^[^=]*")] = true
+  end
+  for _, e in ipairs(box_env or {}) do
+    if not named[e:match("^[^=]*")] then parts[#parts + 1] = field(F.ENV, e) end
+  end
   if req.cwd then parts[#parts + 1] = field(F.CWD, tostring(req.cwd)) end
   local user = req.user or default_user
   if user then parts[#parts + 1] = field(F.USER, tostring(user)) end
@@ -461,7 +474,7 @@ end
 function M.start(st, req)
   local ok, err, code = alive(st)
   if not ok then return nil, err, code end
-  local payload = spawn_payload(req, req.stdin and STDIN_PIPE or 0, st.default_user)
+  local payload = spawn_payload(req, req.stdin and STDIN_PIPE or 0, st.default_user, st.env)
   if #payload > A.MAX_PAYLOAD then
     return nil, string.format("the command and its environment are %d bytes, more than the agent takes (%d)",
       #payload, A.MAX_PAYLOAD), "too_large"
@@ -475,8 +488,13 @@ function M.start(st, req)
   return job
 end
 
-function M.finish(_, job)
+function M.finish(st, job)
   if job.error then return nil, job.error, job.error_code end
+  local box = job.status == 137 and st.boxref and st.boxref[1]
+  if box and box.backend.oom_killed and not job.oom_checked then
+    job.oom_checked = true
+    job.oom_killed, job.memory_limit = box.backend.oom_killed(box.handle)
+  end
   return job.status
 end
 
@@ -576,7 +594,7 @@ local function start_shell(sess)
   local st = sess.st
   local ok, err, code = alive(st)
   if not ok then return nil, err, code end
-  local payload = spawn_payload(sess.spec, STDIN_PIPE | SESSION, st.default_user)
+  local payload = spawn_payload(sess.spec, STDIN_PIPE | SESSION, st.default_user, st.env)
   local job = new_job(st, { capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 },
     output = { head = 0, tail = 0 } } }, "session")
   job.session = sess
