@@ -289,8 +289,8 @@ function M.limits(spec, pol)
     out.cpus = { enforced = false, note = "no cgroup with the cpu controller that sbx may write; no rlimit caps a rate " ..
       "(" .. tostring(cg.why or "cpu controller missing") .. ")" }
   end
-  out.disk = { enforced = "kernel", note = "the box's writable layer is a tmpfs of this size (its pages are memory: " ..
-    "they count against the memory limit)" }
+  out.disk = { enforced = "kernel", note = "the box's writable layer is a tmpfs of this size (its pages are host memory" ..
+    (cg.memory and ", counted against the box's memory limit)" or "; no memory cgroup counts them)") }
   if spec.network == "none" then
     out.network = { enforced = "kernel", note = "a network namespace of its own, only loopback" }
   elseif spec.network == "host" then
@@ -763,7 +763,8 @@ local function launch(h, spec, pol, deadline)
     if not made then return nil, dirs_or_err, code end
     h.cgroups, h.cgroup_of = made, dirs_or_err
     if f.cgroups.memory then
-      h.memory_dir, h.cgv, h.memory_limit = dirs_or_err[f.cgroups.memory], f.cgroups.version, spec.memory
+      h.memory_dir, h.cgv = dirs_or_err[f.cgroups.memory], f.cgroups.version
+      h.memory_limit = spec.memory and math.floor(spec.memory)
       h.oom_kills = nil
     end
   end
