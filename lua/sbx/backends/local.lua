@@ -620,8 +620,10 @@ local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
   local function add(...) for _, v in ipairs { ... } do a[#a + 1] = v end end
   if f.ids.kind == "single" then add("--map-self") end
   add("--tmpfs", rw, string.format("%d", spec.disk or 0))
+  local workdir = spec.workdir or src.config.workdir
   if src.host then
     add("--mkdir", rw .. "/root")
+    if workdir then add("--mkdir", rw .. "/workdir") end
     for i, m in ipairs(lp.host_masks) do
       local st = S.stat(m)
       if st and st.type == "dir" then add("--mkdir", rw .. "/mask" .. i) end
@@ -668,6 +670,8 @@ local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
       local st = S.stat(m)
       if st and st.type == "dir" then add("--bind", rw .. "/mask" .. i, m) end
     end
+    -- The workdir is the box's own, whatever the host has there.
+    if workdir then add("--bind", rw .. "/workdir", workdir) end
   end
   add("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev")
   add("--ro-bind", progs.agent, AGENT_PATH)
@@ -682,8 +686,7 @@ local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
     add("--tmpfs", p)
     if t.ro then ro_tmpfs[#ro_tmpfs + 1] = p end
   end
-  local workdir = spec.workdir or src.config.workdir
-  if workdir then add("--dir", workdir) end
+  if workdir and not src.host then add("--dir", workdir) end
   if spec.read_only then add("--remount-ro", "/") end
   for _, p in ipairs(ro_tmpfs) do add("--remount-ro", p) end
   add("--cap-drop", "ALL")
