@@ -573,7 +573,10 @@ local function lifetime_watch()
     local now, nearest = core.now(), math.huge
     for h, t in pairs(lifetimes) do
       if h.destroyed then lifetimes[h] = nil
-      elseif t <= now then lifetimes[h] = nil; M.destroy(h, true)
+      elseif t <= now then
+        lifetimes[h] = nil
+        h.gone_reason = string.format("the box reached its lifetime (%g s) and was removed", h.spec.lifetime)
+        M.destroy(h, true)
       else nearest = math.min(nearest, t - now) end
     end
     if next(lifetimes) then lifetime_wake:clear(); lifetime_wake:wait(math.min(nearest, 3600)) end
@@ -917,7 +920,7 @@ end
 -- when the box started: only the agent holds them (no authentication).
 -- Asked again after the agent was lost, the box is gone with it.
 function M.agent_channel(h, opts)
-  if h.destroyed then return nil, "the box is closed", "box_gone" end
+  if h.destroyed then return nil, h.gone_reason or "the box is closed", "box_gone" end
   if not h.fresh then
     local said = stderr_of(h)
     return nil, "the box's agent (its first process) is gone, and the box with it" ..
