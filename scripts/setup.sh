@@ -33,8 +33,11 @@ packages=(
     # build
     build-essential pkg-config lua5.4 liblua5.4-dev libcurl4-openssl-dev
     libcjson-dev libssl-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
+    libseccomp-dev
     # runtime
     docker.io iptables ca-certificates
+    # the local backend: namespaces (bubblewrap), a user's id range (uidmap)
+    bubblewrap uidmap
     # image building
     busybox-static debootstrap
     # tests
