@@ -90,6 +90,7 @@ struct process {
   int exited;
   int64_t status;
   int term_signal;
+  int close_kills;             /* close() and the collector end it */
   struct sbx_waiter *waiter;   /* a :wait in progress */
 };
 
@@ -227,6 +228,9 @@ memfd_with(const char *p, size_t n)
 **   sync    true: fd 3 is one end of a socket pair whose other end is the
 **           third result, a stream of its own (write, wait, take)
 **   files   { [fd] = bytes }: fd (4 to 63) is a memfd holding the bytes
+**   close_kills  false: process:close() and the collector let it run (a
+**           program that cleans up after itself when sbx goes); true by
+**           default
 **   capture, chunks, chunk_limit: the stream's, as core.stream.open's
 ** Never blocks. The process is not bound to sbx's life: a program that
 ** must die with sbx arranges it itself (sbx-launch does). Misuse raises.
@@ -360,6 +364,7 @@ proc_spawn(lua_State *L)
   }
   p->pid = p->h.pid;
   p->refs = 2;
+  p->close_kills = opt_bool(L, 1, "close_kills", 1);
   ud = lua_newuserdatauv(L, sizeof *ud, 0);                 /* [.., process] */
   ud->p = p;
   luaL_setmetatable(L, PROCESS_MT);
@@ -476,8 +481,9 @@ process_wait(lua_State *L)
 }
 
 /*
-** process:close(): kills the process if it still runs (SIGKILL) and lets go
-** of it; libuv still reaps it. Idempotent; also __gc and __close.
+** process:close(): kills the process if it still runs (SIGKILL; not when
+** spawned with close_kills = false) and lets go of it; libuv still reaps
+** it. Idempotent; also __gc and __close.
 */
 static int
 process_close(lua_State *L)
@@ -490,7 +496,7 @@ process_close(lua_State *L)
       p->waiter->source = NULL;
       p->waiter = NULL;
     }
-    if (!p->exited)
+    if (!p->exited && p->close_kills)
       uv_process_kill(&p->h, SIGKILL);
     process_unref(p);
   }

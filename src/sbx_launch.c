@@ -16,27 +16,40 @@
 **   * an overlay (userxattr) of the image's layers under that tmpfs's
 **     upper directory (bubblewrap 0.8 has no --overlay).
 **
+** It starts early, as a spare: sbx may start one before any box is asked
+** for, so that joining the box's cgroups (under cgroup v1 the first
+** migration after a quiet spell waits for an RCU grace period: milliseconds,
+** more on a busy host) happens while nobody waits.
+**
 ** Usage (sbx's private contract):
-**   sbx-launch PARENT_PID [OPTION...] -- BWRAP [ARG...]
-** Options, carried out in this order whatever their order here:
-**   --map-self              write this process's own one-id map (0 -> uid,
-**                           0 -> gid; setgroups denied): no range
-**   --tmpfs DIR BYTES       a tmpfs of BYTES (mode 0755) on DIR
-**   --mkdir PATH            a directory (mode 0755), after the tmpfs
-**   --overlay LOWERS UPPER WORK MERGED
-**                           an overlay on MERGED: LOWERS is "a:b" (top
-**                           first), UPPER and WORK are made first
-**   --rlimit RESOURCE SOFT HARD
-**                           RESOURCE is a number (RLIMIT_*); set after the
-**                           user namespace exists, so that RLIMIT_NPROC
-**                           counts the box's processes, not the user's
-**   --fd N                  keep fd N (N > 3) open for bubblewrap; every
-**                           other fd above 2 is closed before the exec
-** fd 3 is a socket to sbx: after unshare this program writes "u" and waits
-** for one byte; "g" means the maps (and the cgroups) are in place. Any
-** failure is one line on stderr and exit status 125. PARENT_PID is sbx:
-** this program dies with it (PR_SET_PDEATHSIG, kept through the exec of
-** bubblewrap, whose --die-with-parent carries it on to the box).
+**   sbx-launch PARENT_PID [--cgroup DIR]... [--dir BOXDIR]
+** PARENT_PID is sbx. fd 3 is a socket to sbx. The program
+**   1. writes itself into each DIR/cgroup.procs, then says "r";
+**   2. reads the box's options: "<count> <seccomp bytes>\n", count
+**      NUL-terminated arguments, then the seccomp program (installed as fd
+**      4 for bubblewrap's --seccomp 4). sbx gone before that (end of file):
+**      it leaves the cgroups, removes them and BOXDIR's rw directory,
+**      record and BOXDIR, and exits 0;
+**   3. dies with sbx from then on (PR_SET_PDEATHSIG, kept through the exec
+**      of bubblewrap, whose --die-with-parent carries it on to the box);
+**   4. makes the box's user and mount namespaces and says "u"; sbx writes
+**      the id maps and says "g";
+**   5. carries out the options, in this order whatever their order:
+**        --map-self              its own one-id map (0 -> uid, 0 -> gid;
+**                                setgroups denied), before "u"
+**        --tmpfs DIR BYTES       a tmpfs of BYTES (mode 0755) on DIR
+**        --mkdir PATH            a directory (mode 0755), after the tmpfs
+**        --overlay LOWERS UPPER WORK MERGED
+**                                an overlay on MERGED: LOWERS is "a:b" (top
+**                                first), UPPER and WORK are made first
+**        --rlimit RESOURCE SOFT HARD
+**                                RESOURCE is a number (RLIMIT_*); set after
+**                                the user namespace exists, so that
+**                                RLIMIT_NPROC counts the box's processes,
+**                                not the user's
+**      and the arguments after "--" are bubblewrap's command line;
+**   6. closes every fd above 2 but the seccomp program's, and execs it.
+** Any failure is one line on stderr and exit status 125.
 */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -56,7 +70,9 @@
 #include <unistd.h>
 
 #define MAX_OPS 64
-#define MAX_KEEP 8
+#define MAX_CGROUPS 8
+#define MAX_MESSAGE (1 << 20)
+#define SECCOMP_FD 4
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -72,16 +88,25 @@ die(const char *fmt, ...)
   _exit(125);
 }
 
-static void
-write_file(const char *path, const char *data)
+/* One write(2) to an existing file: 0, or -1 with errno. */
+static int
+put(const char *path, const char *data)
 {
   int fd = open(path, O_WRONLY | O_CLOEXEC);
   size_t n = strlen(data);
+  int ok;
   if (fd < 0)
-    die("cannot open %s: %s", path, strerror(errno));
-  if (write(fd, data, n) != (ssize_t)n)
-    die("cannot write %s: %s", path, strerror(errno));
+    return -1;
+  ok = write(fd, data, n) == (ssize_t)n;
   close(fd);
+  return ok ? 0 : -1;
+}
+
+static void
+write_file(const char *path, const char *data)
+{
+  if (put(path, data) != 0)
+    die("cannot write %s: %s", path, strerror(errno));
 }
 
 static void
@@ -103,28 +128,124 @@ number(const char *s, const char *what)
   return v;
 }
 
-/* Every fd above 2 but keep[0..n) closed: nothing of sbx's leaks into the
-** box (a Lua script's open files carry no close-on-exec flag). */
+/* Every fd above 2 but keep closed: nothing of sbx's leaks into the box (a
+** Lua script's open files carry no close-on-exec flag). */
 static void
-close_others(const int *keep, int n)
+close_others(int keep)
 {
   DIR *d = opendir("/proc/self/fd");
   struct dirent *e;
-  int fds[1024], nfds = 0, i, k;
+  int fds[1024], nfds = 0, i;
   if (!d)
     die("cannot list /proc/self/fd: %s", strerror(errno));
   while ((e = readdir(d)) && nfds < 1024) {
     int fd = atoi(e->d_name);
-    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 2 && fd != dirfd(d))
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 2 && fd != dirfd(d) && fd != keep)
       fds[nfds++] = fd;
   }
   closedir(d);
-  for (i = 0; i < nfds; i++) {
-    for (k = 0; k < n && keep[k] != fds[i]; k++)
-      ;
-    if (k == n)
-      close(fds[i]);
+  for (i = 0; i < nfds; i++)
+    close(fds[i]);
+}
+
+/* The spare's own leftovers, when sbx went away before using it. */
+static const char *cgroups[MAX_CGROUPS];
+static int ncgroups;
+static const char *boxdir;
+
+static void __attribute__((noreturn))
+leave(void)
+{
+  char path[4096];
+  int i;
+  for (i = 0; i < ncgroups; i++) {
+    /* Out of the group (into its parent), then the group goes. */
+    const char *slash = strrchr(cgroups[i], '/');
+    if (slash && slash > cgroups[i]) {
+      snprintf(path, sizeof path, "%.*s/cgroup.procs", (int)(slash - cgroups[i]), cgroups[i]);
+      put(path, "0");
+    }
+    rmdir(cgroups[i]);
   }
+  if (boxdir) {
+    snprintf(path, sizeof path, "%s/rw", boxdir);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/owner", boxdir);
+    unlink(path);
+    rmdir(boxdir);
+  }
+  _exit(0);
+}
+
+/* Reads exactly n bytes from fd 3 into p: 0, or -1 at its end. */
+static int
+read_full(char *p, size_t n)
+{
+  while (n > 0) {
+    ssize_t r = read(3, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* The box's options from sbx: args (NULL-terminated) and the seccomp
+** program; at the end of the socket, the spare leaves. */
+static char **
+read_options(int *nargs, char **seccomp, size_t *seccomp_len)
+{
+  char head[64], *buf, **args;
+  size_t i = 0, count, blen, len, n;
+  unsigned long long c, s;
+  for (;;) {
+    if (i + 1 >= sizeof head || read_full(head + i, 1) != 0)
+      leave();
+    if (head[i++] == '\n')
+      break;
+  }
+  head[i] = 0;
+  if (sscanf(head, "%llu %llu", &c, &s) != 2 || c > MAX_OPS * 16 || s > MAX_MESSAGE)
+    die("a malformed options header from sbx");
+  count = (size_t)c;
+  *seccomp_len = (size_t)s;
+  /* The arguments' bytes: read until count NULs were seen. */
+  blen = 0;
+  len = 4096;
+  buf = malloc(len);
+  args = calloc(count + 1, sizeof *args);
+  if (!buf || !args)
+    die("out of memory");
+  for (n = 0; n < count;) {
+    if (blen == len) {
+      if (len >= MAX_MESSAGE)
+        die("the options from sbx are too long");
+      len *= 2;
+      if (!(buf = realloc(buf, len)))
+        die("out of memory");
+    }
+    if (read_full(buf + blen, 1) != 0)
+      leave();
+    if (buf[blen++] == 0)
+      n++;
+  }
+  for (i = 0, n = 0; n < count; n++) {
+    args[n] = buf + i;
+    i += strlen(buf + i) + 1;
+  }
+  *nargs = (int)count;
+  *seccomp = NULL;
+  if (*seccomp_len) {
+    *seccomp = malloc(*seccomp_len);
+    if (!*seccomp)
+      die("out of memory");
+    if (read_full(*seccomp, *seccomp_len) != 0)
+      leave();
+  }
+  return args;
 }
 
 struct op {
@@ -136,50 +257,79 @@ int
 main(int argc, char **argv)
 {
   struct op ops[MAX_OPS];
-  int nops = 0, i, prog, map_self = 0, keep[MAX_KEEP], nkeep = 0;
-  char b;
+  int nops = 0, i, prog = -1, map_self = 0, nargs;
+  char b, **args, *seccomp;
+  size_t seccomp_len;
   uid_t uid = getuid();
   gid_t gid = getgid();
   pid_t parent;
 
   if (argc < 2)
-    die("usage: sbx-launch PARENT_PID [OPTION...] -- BWRAP [ARG...] (started by sbx)");
-  /* Dies with sbx; a parent already gone means there is nothing to do. */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+    die("usage: sbx-launch PARENT_PID [--cgroup DIR]... [--dir BOXDIR] (started by sbx)");
   parent = (pid_t)number(argv[1], "PARENT_PID");
+  /* sbx may go at any moment: a write to its socket then fails (and the
+  ** spare leaves) instead of killing this program. Restored before exec. */
+  signal(SIGPIPE, SIG_IGN);
+  for (i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc && ncgroups < MAX_CGROUPS)
+      cgroups[ncgroups++] = argv[++i];
+    else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
+      boxdir = argv[++i];
+    else
+      die("unknown argument %s", argv[i]);
+  }
+  if (getppid() != parent)
+    leave();
+  for (i = 0; i < ncgroups; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", cgroups[i]);
+    if (put(path, "0") != 0)
+      die("cannot join the box's cgroup %s: %s", cgroups[i], strerror(errno));
+  }
+  if (write(3, "r", 1) != 1)
+    leave();
+  args = read_options(&nargs, &seccomp, &seccomp_len);
+
+  /* From here the program dies with sbx. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent)
     die("sbx (pid %d) is gone", (int)parent);
-  for (i = 2; i < argc && strcmp(argv[i], "--") != 0; i++) {
+  if (seccomp) {
+    int fd = memfd_create("sbx-seccomp", 0);
+    if (fd < 0 || write(fd, seccomp, seccomp_len) != (ssize_t)seccomp_len || lseek(fd, 0, SEEK_SET) != 0)
+      die("cannot hold the seccomp program: %s", strerror(errno));
+    if (fd != SECCOMP_FD && (dup2(fd, SECCOMP_FD) != SECCOMP_FD || close(fd) != 0))
+      die("cannot place the seccomp program: %s", strerror(errno));
+  }
+  for (i = 0; i < nargs; i++) {
     int want = 0;
-    if (strcmp(argv[i], "--map-self") == 0)
-      map_self = 1;
-    else if (strcmp(argv[i], "--tmpfs") == 0)
-      want = 2;
-    else if (strcmp(argv[i], "--mkdir") == 0)
-      want = 1;
-    else if (strcmp(argv[i], "--overlay") == 0)
-      want = 4;
-    else if (strcmp(argv[i], "--rlimit") == 0)
-      want = 3;
-    else if (strcmp(argv[i], "--fd") == 0 && i + 1 < argc && nkeep < MAX_KEEP) {
-      keep[nkeep] = (int)number(argv[++i], "--fd");
-      if (keep[nkeep++] <= 3)
-        die("--fd takes a descriptor above 3");
+    if (strcmp(args[i], "--") == 0) {
+      prog = i + 1;
+      break;
     }
+    if (strcmp(args[i], "--map-self") == 0)
+      map_self = 1;
+    else if (strcmp(args[i], "--tmpfs") == 0)
+      want = 2;
+    else if (strcmp(args[i], "--mkdir") == 0)
+      want = 1;
+    else if (strcmp(args[i], "--overlay") == 0)
+      want = 4;
+    else if (strcmp(args[i], "--rlimit") == 0)
+      want = 3;
     else
-      die("unknown option %s", argv[i]);
+      die("unknown option %s", args[i]);
     if (want) {
-      if (i + want >= argc || nops == MAX_OPS)
-        die("%s needs %d arguments", argv[i], want);
-      ops[nops].name = argv[i];
-      ops[nops].args = argv + i + 1;
+      if (i + want >= nargs || nops == MAX_OPS)
+        die("%s needs %d arguments", args[i], want);
+      ops[nops].name = args[i];
+      ops[nops].args = args + i + 1;
       nops++;
       i += want;
     }
   }
-  if (i + 1 >= argc)
+  if (prog < 0 || prog >= nargs)
     die("no program after --");
-  prog = i + 1;
 
   if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
     die("cannot make the box's user and mount namespaces: %s", strerror(errno));
@@ -191,15 +341,12 @@ main(int argc, char **argv)
     snprintf(map, sizeof map, "0 %u 1\n", (unsigned)gid);
     write_file("/proc/self/gid_map", map);
   }
-  /* sbx writes the maps now (a range needs a writer outside) and moves
-  ** this process into the box's cgroups: nothing runs before it says go. */
+  /* sbx writes the maps now (a range needs a writer outside): nothing runs
+  ** in the namespace before it says go. */
   if (write(3, "u", 1) != 1)
     die("cannot tell sbx: %s", strerror(errno));
   if (read(3, &b, 1) != 1 || b != 'g')
     die("sbx did not let the box start");
-  close(3);
-  if (getppid() != parent)
-    die("sbx (pid %d) is gone", (int)parent);
 
   /* Nothing mounted here reaches the host's namespace. */
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
@@ -207,8 +354,7 @@ main(int argc, char **argv)
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--tmpfs") == 0) {
       char data[64];
-      snprintf(data, sizeof data, "size=%llu,mode=0755",
-               number(ops[i].args[1], "the tmpfs size"));
+      snprintf(data, sizeof data, "size=%llu,mode=0755", number(ops[i].args[1], "the tmpfs size"));
       if (mount("tmpfs", ops[i].args[0], "tmpfs", MS_NOSUID | MS_NODEV, data) != 0)
         die("cannot mount a tmpfs on %s: %s", ops[i].args[0], strerror(errno));
     }
@@ -243,7 +389,8 @@ main(int argc, char **argv)
             (unsigned long long)rl.rlim_max, strerror(errno));
     }
   }
-  close_others(keep, nkeep);
-  execv(argv[prog], argv + prog);
-  die("cannot run %s: %s", argv[prog], strerror(errno));
+  close_others(seccomp ? SECCOMP_FD : -1);
+  signal(SIGPIPE, SIG_DFL);
+  execv(args[prog], args + prog);
+  die("cannot run %s: %s", args[prog], strerror(errno));
 }

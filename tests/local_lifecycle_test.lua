@@ -187,7 +187,59 @@ do
   local ok = true
   for i = 1, 12 do if outs[i] ~= i .. "\n" then ok = false end end
   tap.ok(ok, "12 boxes made at once each run their own command")
-  tap.ok(eventually(3, function() return #(S.list(dir) or {}) == 0 end), "and the state directory holds no box after")
+  -- What stays is the spare launcher (policy.local.spares) waiting for the
+  -- next box: a record without a pid.
+  local function boxes_left()
+    local n = 0
+    for _, id in ipairs(S.list(dir) or {}) do
+      local rec = io.open(dir .. "/" .. id .. "/owner")
+      local text = rec and rec:read("a") or ""
+      if rec then rec:close() end
+      if not text:find("\npid \n", 1, true) then n = n + 1 end
+    end
+    return n
+  end
+  tap.ok(eventually(3, function() return boxes_left() == 0 end), "and the state directory holds no box after")
+  tap.ok(#(S.list(dir) or {}) <= sbx.policy["local"].spares, "only the spare launcher waits there")
+end
+
+-- A spare launcher removes what it made when its sbx ends, even by kill -9.
+do
+  local script = os.tmpname() .. ".lua"
+  local f = assert(io.open(script, "w"))
+  f:write([[
+local L = require "local_helper"
+local b = assert(L.box {})
+b:close()
+require("sbx").sleep(0.5)
+print("READY") io.stdout:flush()
+require("sbx").sleep(120)
+]])
+  f:close()
+  local function spares_of(pid)
+    local found = {}
+    for _, p in ipairs(L.host_procs("sbx%-launch%-%x+ " .. pid .. " ")) do found[#found + 1] = p end
+    return found
+  end
+  local out = os.tmpname()
+  local pid = tonumber((L.sh(string.format("%s run %s > %s 2>&1 & echo $!", L.q(bin), L.q(script), L.q(out)))))
+  -- After READY the child's box is closed: the launcher left is its spare.
+  eventually(30, function()
+    local o = io.open(out)
+    local text = o and o:read("a") or ""
+    if o then o:close() end
+    return text:find("READY", 1, true) and #spares_of(pid) > 0
+  end)
+  local spare = spares_of(pid)[1] or ""
+  local sdir = spare:match("%-%-dir (%S+)")
+  local scg = spare:match("%-%-cgroup (%S+)")
+  tap.ok(sdir and sbx.core.path_type(sdir), "a child sbx keeps a spare launcher (" .. tostring(sdir) .. ")")
+  L.sh("kill -9 " .. pid)
+  tap.ok(eventually(5, function() return sdir and gone(sdir) and #spares_of(pid) == 0 end),
+    "kill -9 of sbx: the spare is gone, and so is its directory")
+  if scg then tap.ok(gone(scg), "and its cgroup") else tap.skip("spare cgroup", "no cgroups here") end
+  os.remove(script)
+  os.remove(out)
 end
 
 L.relay_users(tap, "tests/local_lifecycle_test.lua", image)

@@ -640,6 +640,11 @@ policy["local"] = {
   -- Record-less box directories (a create cut short) older than this many
   -- seconds are leftovers for the reaper.
   stale_after = 60,
+  -- sbx-launch processes started ahead of the next box (each in the
+  -- cgroups of its future box, waiting): under cgroup v1 joining a cgroup
+  -- after a quiet spell waits for an RCU grace period (milliseconds), which
+  -- a spare pays while nobody waits. 0: every box starts its own.
+  spares = 1,
 }
 
 -- AWS service calls (sbx.aws.client), retried as botocore's "standard" mode.

@@ -154,6 +154,7 @@ local RULES = {
   end }),
   ["local.destroy_wait"] = POS,
   ["local.stale_after"] = POS,
+  ["local.spares"] = int { ge = 0 },
 }
 M.RULES = RULES
 

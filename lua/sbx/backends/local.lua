@@ -465,40 +465,43 @@ end
 
 -- cgroups ------------------------------------------------------------------------------
 
--- Makes the box's groups and writes its limits: the list of directories
--- made | nil, message, code (what was made is removed).
-local function make_cgroups(cg, id, spec)
-  local made = {}
-  local function fail(err, code)
-    for i = #made, 1, -1 do S.rmdir(made[i]) end
-    return nil, "cannot set up the box's cgroups: " .. tostring(err), code or "cgroup"
-  end
-  local dirs = {}
+-- Makes the box's groups (one per hierarchy that has a controller sbx
+-- uses): the list of directories made, and parent -> directory | nil,
+-- message, code (what was made is removed).
+local function make_cgroups(cg, id)
+  local made, dirs = {}, {}
   for _, ctrl in ipairs { "memory", "pids", "cpu" } do
     local parent = cg[ctrl]
     if parent and not dirs[parent] then
       local dir = parent .. "/sbx-" .. id
       local ok, err, code = S.mkdir(dir, tonumber("755", 8))
-      if not ok then return fail(err, code) end
+      if not ok then
+        for k = #made, 1, -1 do S.rmdir(made[k]) end
+        return nil, "cannot make the box's cgroup: " .. tostring(err), code or "cgroup"
+      end
       made[#made + 1] = dir
       dirs[parent] = dir
     end
   end
+  return made, dirs
+end
+
+-- Writes spec's limits into the box's groups: true | nil, message, code.
+local function write_limits(cg, dirs, spec)
   local function put(ctrl, file, value)
     local ok, err, code = S.write(dirs[cg[ctrl]] .. "/" .. file, value)
-    if not ok then return nil, err, code end
+    if not ok then return nil, "cannot set the box's cgroup limit: " .. tostring(err), code or "cgroup" end
     return true
   end
   local ok, err, code = true, nil, nil
+  local cpu = spec.cpus and string.format("%d", math.max(1000, math.floor(spec.cpus * 100000)))
   if cg.version == 2 then
-    if spec.memory then
+    if spec.memory and cg.memory then
       ok, err, code = put("memory", "memory.max", string.format("%d", spec.memory))
       if ok then put("memory", "memory.swap.max", "0") end
     end
-    if ok and spec.pids then ok, err, code = put("pids", "pids.max", tostring(spec.pids)) end
-    if ok and spec.cpus and cg.cpu then
-      ok, err, code = put("cpu", "cpu.max", string.format("%d 100000", math.max(1000, math.floor(spec.cpus * 100000))))
-    end
+    if ok and spec.pids and cg.pids then ok, err, code = put("pids", "pids.max", tostring(spec.pids)) end
+    if ok and cpu and cg.cpu then ok, err, code = put("cpu", "cpu.max", cpu .. " 100000") end
   else
     if spec.memory and cg.memory then
       ok, err, code = put("memory", "memory.limit_in_bytes", string.format("%d", spec.memory))
@@ -508,24 +511,23 @@ local function make_cgroups(cg, id, spec)
       end
     end
     if ok and spec.pids and cg.pids then ok, err, code = put("pids", "pids.max", tostring(spec.pids)) end
-    if ok and spec.cpus and cg.cpu then
+    if ok and cpu and cg.cpu then
       ok, err, code = put("cpu", "cpu.cfs_period_us", "100000")
-      if ok then
-        ok, err, code = put("cpu", "cpu.cfs_quota_us", string.format("%d", math.max(1000, math.floor(spec.cpus * 100000))))
-      end
+      if ok then ok, err, code = put("cpu", "cpu.cfs_quota_us", cpu) end
     end
   end
-  if not ok then return fail(err, code) end
-  return made, dirs
+  return ok, err, code
 end
 
--- Kills every process of the groups (what PID 1's death left behind, or
--- a reaped box), then removes them; retries while the kernel still tears
--- them down, until deadline. true | nil, message, code.
+-- Removes the groups, retrying every millisecond while the kernel still
+-- tears the box's processes down (the agent dies a moment after
+-- bubblewrap); what is still in them after 20 ms (a reaped box's) is
+-- killed. Until deadline: true | nil, message, code.
 local function remove_cgroups(dirs, deadline)
   local left = {}
   for _, d in ipairs(dirs) do left[#left + 1] = d end
   local killed = false
+  local kill_at = core.now() + 0.02
   while true do
     local still = {}
     for _, d in ipairs(left) do
@@ -534,7 +536,7 @@ local function remove_cgroups(dirs, deadline)
     end
     if #still == 0 then return true end
     left = still
-    if not killed or core.now() > (deadline - 0.5) then
+    if (not killed and core.now() >= kill_at) or core.now() > (deadline - 0.5) then
       for _, d in ipairs(left) do
         for pid in (read_file(d .. "/cgroup.procs") or ""):gmatch("%d+") do
           pcall(core.proc.signal, math.tointeger(tonumber(pid)), "KILL")
@@ -545,7 +547,7 @@ local function remove_cgroups(dirs, deadline)
     if core.now() >= deadline then
       return nil, "the box's cgroups are still in use: " .. tostring(left.err), left.code or "EBUSY"
     end
-    core.sleep(0.002)
+    core.sleep(0.001)
   end
 end
 
@@ -611,15 +613,15 @@ local function seccomp_program(pol)
   return seccomp_cache[key]
 end
 
-local SECCOMP_FD = 4
 local AGENT_PATH = "/dev/sbx-agent"
 
--- The launcher's and bubblewrap's arguments for a box.
+-- The box's options for the launcher, and bubblewrap's command line after
+-- "--" (sent over the launcher's socket).
 local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
   local lp = lpol(pol)
   local rw = h.dir .. "/rw"
   local f = get_facts(pol)
-  local a = { progs.launch, tostring(core.pid()) }
+  local a = {}
   local function add(...) for _, v in ipairs { ... } do a[#a + 1] = v end end
   if f.ids.kind == "single" then add("--map-self") end
   add("--tmpfs", rw, string.format("%d", spec.disk or 0))
@@ -644,7 +646,6 @@ local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
     local v = string.format("%d", spec.ulimits[name])
     add("--rlimit", tostring(RLIMITS[name]), v, v)
   end
-  if has_seccomp then add("--fd", tostring(SECCOMP_FD)) end
   add("--", bwrap)
   -- bubblewrap: namespaces (not --unshare-all, which would nest a user
   -- namespace of one id in the box's), the root, /proc, /dev, the agent.
@@ -694,7 +695,7 @@ local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
   for _, p in ipairs(ro_tmpfs) do add("--remount-ro", p) end
   add("--cap-drop", "ALL")
   for _, c in ipairs(capabilities(spec, pol)) do add("--cap-add", "CAP_" .. c) end
-  if has_seccomp then add("--seccomp", tostring(SECCOMP_FD)) end
+  if has_seccomp then add("--seccomp", "4") end   -- sbx-launch puts the program there
   add("--chdir", workdir or "/", "--clearenv", "--setenv", "PATH", lp.path)
   add("--", AGENT_PATH)
   return a
@@ -756,33 +757,100 @@ local function stderr_of(h)
   return said ~= "" and said or nil
 end
 
--- Starts the box's process chain for handle h: true | nil, message, code.
-local function launch(h, spec, pol, deadline)
+-- The record, written again with what is known now.
+local function write_record(h, spec)
+  local rec, err = io.open(h.dir .. "/owner", "w")
+  if not rec then return nil, "cannot write the box's record: " .. tostring(err), "state_dir" end
+  rec:write(record_text(h, spec))
+  rec:close()
+  return true
+end
+
+-- Prepares a launcher for a box: its directory, its cgroups (without
+-- limits yet), a record, and sbx-launch started, which joins the cgroups
+-- and waits for the box's options. A spare until a box takes it.
+local function new_launcher(root, progs, pol, id)
   local f = get_facts(pol)
-  local src = h.src
-  local progs = h.progs
-  local bpf, serr, scode = seccomp_program(pol)
-  if lpol(pol).seccomp and not bpf then return nil, serr, scode end
-  local argv = launch_argv(h, spec, pol, src, progs, f.bwrap, bpf ~= nil)
-  if f.cgroups.version and (f.cgroups.memory or f.cgroups.pids or f.cgroups.cpu) then
-    local made, dirs_or_err, code = make_cgroups(f.cgroups, h.id, spec)
-    if not made then return nil, dirs_or_err, code end
-    h.cgroups, h.cgroup_of = made, dirs_or_err
-    if f.cgroups.memory then
-      h.memory_dir, h.cgv = dirs_or_err[f.cgroups.memory], f.cgroups.version
-      h.memory_limit = spec.memory and math.floor(spec.memory)
-      h.oom_kills = nil
+  id = id or random_hex(16)
+  local h = { id = id, dir = root .. "/boxes/" .. id, root = root, progs = progs, pol = pol }
+  local ok, err, code = S.mkdir(h.dir, tonumber("700", 8))
+  if ok then ok, err, code = S.mkdir(h.dir .. "/rw", tonumber("755", 8)) end
+  if not ok then return nil, "cannot make the box's directory: " .. tostring(err), code end
+  local argv = { progs.launch, tostring(core.pid()), "--dir", h.dir }
+  if f.cgroups.version then
+    local made, dirs = make_cgroups(f.cgroups, id)
+    if not made then
+      S.rmdir(h.dir .. "/rw")
+      S.rmdir(h.dir)
+      return nil, dirs, "cgroup"
     end
+    h.cgroups, h.cgroup_of = made, dirs
+    for _, d in ipairs(made) do argv[#argv + 1] = "--cgroup" argv[#argv + 1] = d end
   end
-  local p, chan, sync = core.proc.spawn {
-    argv = argv, env = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin" },
-    stdin = true, stdout = true, stderr = true, sync = true,
-    files = bpf and { [SECCOMP_FD] = bpf } or nil,
-    chunks = true, chunk_limit = pol.agent.channel_buffer,
-    capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } },
-  }
-  if not p then return nil, "cannot start the box: " .. tostring(chan), sync or "launch_failed" end
-  h.proc, h.chan, h.pid = p, chan, p:pid()
+  ok, err, code = write_record(h, { lifetime = pol.box.lifetime })
+  local p, chan, sync
+  if ok then
+    p, chan, sync = core.proc.spawn {
+      argv = argv, env = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin" },
+      stdin = true, stdout = true, stderr = true, sync = true,
+      -- A spare left when sbx ends removes what it made, itself.
+      close_kills = false,
+      chunks = true, chunk_limit = pol.agent.channel_buffer,
+      capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } },
+    }
+    if not p then ok, err, code = nil, "cannot start the box: " .. tostring(chan), sync or "launch_failed" end
+  end
+  if not ok then
+    if h.cgroups then remove_cgroups(h.cgroups, core.now() + 1) end
+    remove_dir(h.dir)
+    return nil, err, code
+  end
+  h.proc, h.chan, h.sync, h.pid = p, chan, sync, p:pid()
+  return h
+end
+
+-- Spare launchers, per state directory: started ahead of the next box
+-- (policy.local.spares), so that starting sbx-launch and joining cgroups
+-- (slow under cgroup v1 after a quiet spell) happen while nobody waits.
+-- sbx's end (or kill -9) ends them: each removes what it made.
+local spares = {}            -- root -> list of handles
+local refilling = {}
+
+local function refill(root, progs, pol)
+  local want = lpol(pol).spares
+  if refilling[root] or want <= 0 then return end
+  refilling[root] = true
+  local t = core.spawn(function()
+    local list = spares[root] or {}
+    spares[root] = list
+    while #list < want do
+      local h = new_launcher(root, progs, pol)
+      if not h then break end
+      list[#list + 1] = h
+    end
+    refilling[root] = nil
+  end)
+  t:unref()
+end
+
+-- A launcher for a box: a spare whose program is still there, or a new one.
+local function take_launcher(root, progs, pol)
+  local list = spares[root] or {}
+  while #list > 0 do
+    local h = table.remove(list, 1)
+    if h.progs == progs and h.proc:info().running then return h end
+    h.proc:close()
+    if h.cgroups then remove_cgroups(h.cgroups, core.now() + 1) end
+    remove_dir(h.dir)
+  end
+  return new_launcher(root, progs, pol)
+end
+
+-- Starts the box in launcher h: the options go over its socket, then the
+-- id maps, then go. true | nil, message, code.
+local function start(h, spec, pol, deadline)
+  local f = get_facts(pol)
+  local sync, p, chan = h.sync, h.proc, h.chan
   local function fail(msg, code)
     sync:close()
     p:kill("KILL")
@@ -791,26 +859,41 @@ local function launch(h, spec, pol, deadline)
     if p:wait(1) then chan:wait(0.2) said = stderr_of(h) end
     return nil, msg .. (said and (": " .. said) or ""), code
   end
-  -- "u": the namespaces exist; the maps and the cgroups go in now.
-  local ev = sync:wait(math.max(0.001, deadline - core.now()))
-  local said = ev == "data" and sync:take(true) or ""
-  if said ~= "u" then
-    return fail("the box's launcher did not start", ev == "timeout" and "timeout" or "launch_failed")
+  -- "r": it is in its cgroups and waits for the box's options.
+  if not h.ready then
+    local ev = sync:wait(math.max(0.001, deadline - core.now()))
+    if ev ~= "data" or sync:take(true) ~= "r" then
+      return fail("the box's launcher did not start", ev == "timeout" and "timeout" or "launch_failed")
+    end
+    h.ready = true
   end
-  local ok, err, code = write_maps(f.ids, h.pid, deadline)
-  if not ok then return fail("cannot map the box's ids: " .. tostring(err), code) end
-  for _, dir in ipairs(h.cgroups or {}) do
-    ok, err, code = S.write(dir .. "/cgroup.procs", tostring(h.pid))
-    if not ok then return fail("cannot move the box into its cgroup: " .. tostring(err), code) end
+  local bpf, serr, scode = seccomp_program(pol)
+  if lpol(pol).seccomp and not bpf then return fail(tostring(serr), scode) end
+  if h.cgroups then
+    local ok, err, code = write_limits(f.cgroups, h.cgroup_of, spec)
+    if not ok then return fail(err, code) end
+    if f.cgroups.memory then
+      h.memory_dir, h.cgv = h.cgroup_of[f.cgroups.memory], f.cgroups.version
+      h.memory_limit = spec.memory and math.floor(spec.memory)
+      h.oom_kills = nil
+    end
   end
   -- The record before anything runs: a kill -9 from here on leaves
   -- something `sbx reap` can read.
-  local rec, rerr = io.open(h.dir .. "/owner", "w")
-  if not rec then return fail("cannot write the box's record: " .. tostring(rerr), "state_dir") end
-  rec:write(record_text(h, spec))
-  rec:close()
+  local ok, err, code = write_record(h, spec)
+  if not ok then return fail(err, code) end
+  local argv = launch_argv(h, spec, pol, h.src, h.progs, f.bwrap, bpf ~= nil)
+  sync:write(string.format("%d %d\n", #argv, bpf and #bpf or 0) .. table.concat(argv, "\0") .. "\0" .. (bpf or ""))
+  -- "u": the namespaces exist; the maps go in now.
+  local ev = sync:wait(math.max(0.001, deadline - core.now()))
+  if ev ~= "data" or sync:take(true) ~= "u" then
+    return fail("the box's launcher did not start", ev == "timeout" and "timeout" or "launch_failed")
+  end
+  ok, err, code = write_maps(f.ids, h.pid, deadline)
+  if not ok then return fail("cannot map the box's ids: " .. tostring(err), code) end
   sync:write("g")
   sync:close()
+  h.sync = nil
   h.fresh = true
   return true
 end
@@ -838,12 +921,11 @@ function M.create(spec, pol)
   end
   local progs, perr, pcode = ensure_programs(root)
   if not progs then return nil, perr, pcode end
-  local id = random_hex(16)
-  local h = { id = id, dir = root .. "/boxes/" .. id, src = src, progs = progs, spec = spec, pol = pol }
-  local ok, err, code = S.mkdir(h.dir, tonumber("700", 8))
-  if ok then ok, err, code = S.mkdir(h.dir .. "/rw", tonumber("755", 8)) end
-  if not ok then return nil, "cannot make the box's directory: " .. tostring(err), code end
-  local lok, launched, lmsg, lcode = pcall(launch, h, spec, pol, deadline)
+  local h, err, code = take_launcher(root, progs, pol)
+  if not h then return nil, err, code end
+  h.src, h.spec, h.pol = src, spec, pol
+  local lok, launched, lmsg, lcode = pcall(start, h, spec, pol, deadline)
+  refill(root, progs, pol)
   if not lok or not launched then
     -- Cut short (an interrupt) or failed: nothing may stay.
     M.destroy(h, false, core.now() + lpol(pol).destroy_wait)
@@ -907,10 +989,15 @@ function M.restart(h, deadline)
   if h.cgroups then
     local ok, err, code = remove_cgroups(h.cgroups, deadline)
     if not ok then return nil, err, code end
-    h.cgroups = nil
   end
-  S.unlink(h.dir .. "/owner")
-  local ok, err, code = launch(h, h.spec, h.pol, deadline)
+  remove_dir(h.dir)
+  -- A new launcher for the same box.
+  local fresh, err, code = new_launcher(h.root, h.progs, h.pol, h.id)
+  if not fresh then return nil, err, code end
+  for _, k in ipairs { "cgroups", "cgroup_of", "proc", "chan", "sync", "pid" } do h[k] = fresh[k] end
+  h.ready = nil
+  local ok
+  ok, err, code = start(h, h.spec, h.pol, deadline)
   if not ok then return nil, err, code end
   return true
 end
