@@ -6,6 +6,11 @@
 ** stdin and stdout behave as any channel does (a local box's agent channel:
 ** sbx-launch, then bubblewrap, then sbx-agent, all one process chain).
 ** Only the mechanism; which programs, arguments and signals is Lua's.
+**
+** Processes start with posix_spawn, which glibc runs as a vfork (no copy
+** of sbx's page tables: a box costs one less fork of sbx), and their end
+** is a pidfd the loop polls (Linux >= 5.4), reaped with waitid: only this
+** process's own children, so libuv's children are left to libuv.
 */
 #define _GNU_SOURCE
 #include "host.h"
@@ -13,12 +18,21 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+extern char **environ;
 
 #define PROCESS_MT "sbx.process"
 #define MAX_FD 64
@@ -78,14 +92,15 @@ proc_signal(lua_State *L)
 /* Spawned processes ------------------------------------------------------------ */
 
 /*
-** The C side outlives the userdata while the process runs: libuv must keep
-** watching it until it has exited and been reaped, so the handle is closed
-** only in the exit callback, and the struct freed when both are done.
+** The C side outlives the userdata while the process runs: the loop must
+** keep watching its pidfd until it has exited and been reaped, so the poll
+** handle is closed only then, and the struct freed when both are done.
 */
 struct process {
-  uv_process_t h;
+  uv_poll_t h;                 /* on the pidfd */
   struct sbx_host *host;
   int refs;                    /* the userdata, and the handle until closed */
+  int pidfd;
   int pid;
   int exited;
   int64_t status;
@@ -111,16 +126,45 @@ process_closed(uv_handle_t *h)
   process_unref(h->data);
 }
 
+/* The pidfd is readable: the process exited. Reap it, wake its waiter. */
 static void
-exit_cb(uv_process_t *h, int64_t status, int term_signal)
+exit_cb(uv_poll_t *h, int status, int events)
 {
   struct process *p = h->data;
+  siginfo_t si;
+  (void)status;
+  (void)events;
+  int r;
+  memset(&si, 0, sizeof si);
+  r = waitid((idtype_t)P_PIDFD, (id_t)p->pidfd, &si, WEXITED | WNOHANG);
+  if ((r == 0 && si.si_pid == 0) || (r != 0 && (errno == EAGAIN || errno == EINTR)))
+    return;   /* not yet */
   p->exited = 1;
-  p->status = status;
-  p->term_signal = term_signal;
+  if (r != 0)
+    p->status = -1;   /* reaped by someone else: no status to tell */
+  else if (si.si_code == CLD_EXITED)
+    p->status = si.si_status;
+  else {
+    p->term_signal = si.si_status;
+    p->status = 128 + si.si_status;
+  }
   if (p->waiter)
     sbx_wake(p->waiter);   /* detach clears p->waiter */
+  uv_poll_stop(h);
   uv_close((uv_handle_t *)h, process_closed);
+  close(p->pidfd);
+  p->pidfd = -1;
+}
+
+/* Sends sig to the process, through its pidfd while it is ours: 0 or an errno. */
+static int
+process_signal(struct process *p, int sig)
+{
+  if (p->exited)
+    return ESRCH;
+  if (pidfd_send_signal(p->pidfd, sig, NULL, 0) != 0)
+    return errno;
+  return 0;
 }
 
 static struct process *
@@ -233,14 +277,20 @@ memfd_with(const char *p, size_t n)
 **           default
 **   capture, chunks, chunk_limit: the stream's, as core.stream.open's
 ** Never blocks. The process is not bound to sbx's life: a program that
-** must die with sbx arranges it itself (sbx-launch does). Misuse raises.
+** must die with sbx arranges it itself (sbx-launch does). It inherits
+** what sbx holds without close-on-exec (a script's io.open files): a
+** program that must not hold them closes them (sbx-launch does). A name
+** without a slash is looked up in sbx's PATH. Misuse raises.
 */
 static int
 proc_spawn(lua_State *L)
 {
   struct sbx_host *h = sbx_host_get(L);
-  uv_process_options_t o;
-  uv_stdio_container_t stdio[MAX_FD];
+  int stdio[MAX_FD];
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  sigset_t none, all;
+  pid_t pid;
   struct fdset child, parent;
   int in[2] = { -1, -1 }, out[2] = { -1, -1 }, err[2] = { -1, -1 }, sv[2] = { -1, -1 };
   int want_in, want_out, want_err, want_sync, nstdio = 3, i, rc;
@@ -252,8 +302,6 @@ proc_spawn(lua_State *L)
 
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  memset(&o, 0, sizeof o);
-  memset(stdio, 0, sizeof stdio);
   child.n = parent.n = 0;
   lua_getfield(L, 1, "argv");                               /* [opts, argv] */
   luaL_argcheck(L, lua_istable(L, 2) && luaL_len(L, 2) > 0, 1, "argv must be a non-empty list");
@@ -276,7 +324,7 @@ proc_spawn(lua_State *L)
   base = lua_gettop(L);
 
   for (i = 0; i < MAX_FD; i++)
-    stdio[i].flags = UV_IGNORE;
+    stdio[i] = -1;
   /* Pipes: the child's end inherited at 0, 1, 2; ours wrapped in the stream. */
   if ((want_in && uv_pipe(in, 0, 0) != 0) || (want_out && uv_pipe(out, 0, 0) != 0) ||
       (want_err && uv_pipe(err, 0, 0) != 0) ||
@@ -290,23 +338,19 @@ proc_spawn(lua_State *L)
     return sbx_pushfail(L, "EMFILE", "cannot make the process's pipes: %s", strerror(e));
   }
   if (want_in) {
-    stdio[0].flags = UV_INHERIT_FD;
-    stdio[0].data.fd = fdset_add(&child, in[0]);
+    stdio[0] = fdset_add(&child, in[0]);
     fdset_add(&parent, in[1]);
   }
   if (want_out) {
-    stdio[1].flags = UV_INHERIT_FD;
-    stdio[1].data.fd = fdset_add(&child, out[1]);
+    stdio[1] = fdset_add(&child, out[1]);
     fdset_add(&parent, out[0]);
   }
   if (want_err) {
-    stdio[2].flags = UV_INHERIT_FD;
-    stdio[2].data.fd = fdset_add(&child, err[1]);
+    stdio[2] = fdset_add(&child, err[1]);
     fdset_add(&parent, err[0]);
   }
   if (want_sync) {
-    stdio[3].flags = UV_INHERIT_FD;
-    stdio[3].data.fd = fdset_add(&child, sv[1]);
+    stdio[3] = fdset_add(&child, sv[1]);
     fdset_add(&parent, sv[0]);
     nstdio = 4;
   }
@@ -330,8 +374,7 @@ proc_spawn(lua_State *L)
         fdset_close(&parent);
         return sbx_pushfail(L, "EMFILE", "cannot make a file for fd %d: %s", (int)fd, strerror(e));
       }
-      stdio[fd].flags = UV_INHERIT_FD;
-      stdio[fd].data.fd = fdset_add(&child, mfd);
+      stdio[fd] = fdset_add(&child, mfd);
       if (fd + 1 > nstdio)
         nstdio = (int)fd + 1;
       lua_pop(L, 1);
@@ -345,24 +388,74 @@ proc_spawn(lua_State *L)
     return luaL_error(L, "out of memory");
   }
   p->host = h;
-  o.exit_cb = exit_cb;
-  o.file = argv[0];
-  o.args = argv;
-  o.env = env;
-  o.cwd = cwd;
-  o.stdio = stdio;
-  o.stdio_count = nstdio;
-  p->h.data = p;
-  rc = uv_spawn(&h->loop, &p->h, &o);
-  fdset_close(&child);
-  if (rc != 0) {
-    /* libuv closes a handle it could not start: free it in the close cb. */
-    p->refs = 1;
-    uv_close((uv_handle_t *)&p->h, process_closed);
-    fdset_close(&parent);
-    return sbx_pushfail(L, uv_err_name(rc), "cannot start %s: %s", argv[0], uv_strerror(rc));
+  p->pidfd = -1;
+  /* The child's fds: each wanted one dup2'ed into place (which clears its
+  ** close-on-exec flag), /dev/null for a missing 0-2; every other fd of
+  ** sbx's is close-on-exec already. The fds being dup2'ed from are all
+  ** above the stdio range (pipes and sockets made after 0-2 exist), so an
+  ** earlier dup2 never overwrites a later source... unless one is below
+  ** nstdio: then it is moved up first. */
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  rc = 0;
+  for (i = 0; i < nstdio && rc == 0; i++) {
+    if (stdio[i] >= 0 && stdio[i] < nstdio) {
+      int moved = fcntl(stdio[i], F_DUPFD_CLOEXEC, nstdio);
+      if (moved < 0)
+        rc = errno;
+      else {
+        fdset_add(&child, moved);
+        stdio[i] = moved;
+      }
+    }
   }
-  p->pid = p->h.pid;
+  for (i = 0; i < nstdio && rc == 0; i++) {
+    if (stdio[i] >= 0)
+      rc = posix_spawn_file_actions_adddup2(&fa, stdio[i], i);
+    else if (i <= 2)
+      rc = posix_spawn_file_actions_addopen(&fa, i, "/dev/null", i == 0 ? O_RDONLY : O_WRONLY, 0);
+  }
+  if (rc == 0 && cwd)
+    rc = posix_spawn_file_actions_addchdir_np(&fa, cwd);
+  /* Default dispositions and an empty mask, whatever sbx set for itself. */
+  sigemptyset(&none);
+  sigfillset(&all);
+  sigdelset(&all, SIGKILL);
+  sigdelset(&all, SIGSTOP);
+  if (rc == 0)
+    rc = posix_spawnattr_setsigmask(&attr, &none);
+  if (rc == 0)
+    rc = posix_spawnattr_setsigdefault(&attr, &all);
+  if (rc == 0)
+    rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  if (rc == 0)
+    rc = strchr(argv[0], '/') ? posix_spawn(&pid, argv[0], &fa, &attr, argv, env ? env : environ)
+                              : posix_spawnp(&pid, argv[0], &fa, &attr, argv, env ? env : environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  fdset_close(&child);
+  if (rc == 0) {
+    p->pid = (int)pid;
+    p->pidfd = pidfd_open(pid, 0);
+    if (p->pidfd < 0) {
+      rc = errno;
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+    }
+  }
+  if (rc == 0 && uv_poll_init(&h->loop, &p->h, p->pidfd) != 0) {
+    rc = EINVAL;
+    close(p->pidfd);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+  if (rc != 0) {
+    free(p);
+    fdset_close(&parent);
+    return sbx_pushfail(L, uv_err_name(-rc), "cannot start %s: %s", argv[0], strerror(rc));
+  }
+  p->h.data = p;
+  uv_poll_start(&p->h, UV_READABLE, exit_cb);
   p->refs = 2;
   p->close_kills = opt_bool(L, 1, "close_kills", 1);
   ud = lua_newuserdatauv(L, sizeof *ud, 0);                 /* [.., process] */
@@ -398,14 +491,15 @@ process_kill(lua_State *L)
   int rc;
   if (p->exited)
     return sbx_pushfail(L, "ESRCH", "process %d has exited", p->pid);
-  rc = uv_process_kill(&p->h, sig);
+  rc = process_signal(p, sig);
   if (rc != 0)
-    return sbx_pushfail(L, uv_err_name(rc), "cannot signal process %d: %s", p->pid, uv_strerror(rc));
+    return sbx_pushfail(L, uv_err_name(-rc), "cannot signal process %d: %s", p->pid, strerror(rc));
   lua_pushboolean(L, 1);
   return 1;
 }
 
-/* { pid, running, status, signal }: status and signal once it exited. */
+/* { pid, running, status, signal }: once it exited, status (its exit
+** status, or 128 + the signal that ended it) and signal. */
 static void
 push_info(lua_State *L, struct process *p)
 {
@@ -497,7 +591,7 @@ process_close(lua_State *L)
       p->waiter = NULL;
     }
     if (!p->exited && p->close_kills)
-      uv_process_kill(&p->h, SIGKILL);
+      process_signal(p, SIGKILL);
     process_unref(p);
   }
   return 0;

@@ -49,35 +49,29 @@ local load0 = load()
 -- Warm up: the programs installed, the seccomp filter built, a spare started.
 for _ = 1, 3 do lbox():close() end
 
--- Create + destroy, and with one exec between.
-local cd, ce, ex = {}, {}, {}
+-- Create + destroy, with one exec between, and plain bubblewrap, taken in
+-- turns so that a busy machine weighs on all of them alike.
+local bwrap = find("bwrap")
+local cd, ce, ex, bw, bwfull = {}, {}, {}, {}, {}
 for i = 1, n do
   local t0 = sbx.now()
   local b = lbox()
   b:close()
   cd[i] = sbx.now() - t0
-end
-for i = 1, n do
-  local t0 = sbx.now()
-  local b = lbox()
+  t0 = sbx.now()
+  b = lbox()
   local t1 = sbx.now()
   C.exec_ok(b, { "/bin/true" })
   ex[i] = sbx.now() - t1
   b:close()
   ce[i] = sbx.now() - t0
-end
-row("local: create + destroy", mp(cd), "n=" .. n)
-row("local: create + one exec + destroy", mp(ce), "exec of `/bin/true` alone: " .. ms(median(ex)))
-
--- Plain bubblewrap, as the reference measured it, and the same namespaces as a box.
-local bwrap = find("bwrap")
-local bw, bwfull = {}, {}
-for i = 1, n do bw[i] = run { bwrap, "--unshare-all", "--ro-bind", rootfs, "/", "/bin/true" } end
-for i = 1, n do
+  bw[i] = run { bwrap, "--unshare-all", "--ro-bind", rootfs, "/", "/bin/true" }
   bwfull[i] = run { bwrap, "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session", "--ro-bind", rootfs, "/",
     "--proc", "/proc", "--dev", "/dev", "--cap-drop", "ALL", "--", "/bin/true" }
 end
-row("`bwrap --unshare-all --ro-bind ROOTFS / /bin/true`", mp(bw), "n=" .. n)
+row("local: create + destroy", mp(cd), "n=" .. n)
+row("local: create + one exec + destroy", mp(ce), "exec of `/bin/true` alone: " .. ms(median(ex)))
+row("`bwrap --unshare-all --ro-bind ROOTFS / /bin/true`", mp(bw), "n=" .. n .. ", in turns with the above")
 row("the same with --proc, --dev, --as-pid-1, --cap-drop ALL", mp(bwfull), "n=" .. n)
 
 -- docker run --rm, and the Docker backend's create + destroy.
