@@ -19,12 +19,15 @@
 **       written under a temporary name and renamed into place, so a reader
 **       never sees it half written
 **   sandbox.ids() -> uid, gid, user name (or nil)
+**   sandbox.rlimit(resource) -> soft, hard: this process's limits (a
+**       RLIMIT_* number; math.huge for none)
 */
 #define _GNU_SOURCE
 #include "host.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sched.h>
@@ -32,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -312,6 +316,28 @@ sandbox_ids(lua_State *L)
   return 3;
 }
 
+static void
+push_rlim(lua_State *L, rlim_t v)
+{
+  if (v == RLIM_INFINITY)
+    lua_pushnumber(L, HUGE_VAL);
+  else
+    lua_pushinteger(L, (lua_Integer)v);
+}
+
+static int
+sandbox_rlimit(lua_State *L)
+{
+  lua_Integer res = luaL_checkinteger(L, 1);
+  struct rlimit rl;
+  luaL_argcheck(L, res >= 0 && res < RLIM_NLIMITS, 1, "an RLIMIT_* number");
+  if (getrlimit((int)res, &rl) != 0)
+    return push_errno(L, errno, "read", "the rlimit");
+  push_rlim(L, rl.rlim_cur);
+  push_rlim(L, rl.rlim_max);
+  return 2;
+}
+
 /* sbx-launch, built by the Makefile and carried in libsbx (agent_blob.S). */
 #ifdef SBX_LAUNCHER
 extern const char sbx_launch[], sbx_launch_end[];
@@ -336,6 +362,7 @@ static const luaL_Reg sandbox_funcs[] = {
   { "unlink", sandbox_unlink },
   { "list", sandbox_list },
   { "ids", sandbox_ids },
+  { "rlimit", sandbox_rlimit },
   { "stat", sandbox_stat },
   { "install", sandbox_install },
   { "launcher", sandbox_launcher },

@@ -37,7 +37,8 @@
 **   5. carries out the options, in this order whatever their order:
 **        --map-self              its own one-id map (0 -> uid, 0 -> gid;
 **                                setgroups denied), before "u"
-**        --tmpfs DIR BYTES       a tmpfs of BYTES (mode 0755) on DIR
+**        --tmpfs DIR BYTES       a tmpfs of BYTES (mode 0755) on DIR; 0: the
+**                                kernel's default size (half the memory)
 **        --mkdir PATH            a directory (mode 0755), after the tmpfs
 **        --overlay LOWERS UPPER WORK MERGED
 **                                an overlay on MERGED: LOWERS is "a:b" (top
@@ -48,7 +49,8 @@
 **                                RLIMIT_NPROC counts the box's processes,
 **                                not the user's
 **      and the arguments after "--" are bubblewrap's command line;
-**   6. closes every fd above 2 but the seccomp program's, and execs it.
+**   6. closes every fd above 3 but the seccomp program's, says "x" (the
+**      setup went well; fd 3 closes with the exec), and execs it.
 ** Any failure is one line on stderr and exit status 125.
 */
 #define _GNU_SOURCE
@@ -140,7 +142,7 @@ close_others(int keep)
     die("cannot list /proc/self/fd: %s", strerror(errno));
   while ((e = readdir(d)) && nfds < 1024) {
     int fd = atoi(e->d_name);
-    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 2 && fd != dirfd(d) && fd != keep)
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 3 && fd != dirfd(d) && fd != keep)
       fds[nfds++] = fd;
   }
   closedir(d);
@@ -354,7 +356,12 @@ main(int argc, char **argv)
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--tmpfs") == 0) {
       char data[64];
-      snprintf(data, sizeof data, "size=%llu,mode=0755", number(ops[i].args[1], "the tmpfs size"));
+      unsigned long long size = number(ops[i].args[1], "the tmpfs size");
+      /* size=0 would be no limit at all. */
+      if (size)
+        snprintf(data, sizeof data, "size=%llu,mode=0755", size);
+      else
+        snprintf(data, sizeof data, "mode=0755");
       if (mount("tmpfs", ops[i].args[0], "tmpfs", MS_NOSUID | MS_NODEV, data) != 0)
         die("cannot mount a tmpfs on %s: %s", ops[i].args[0], strerror(errno));
     }
@@ -391,6 +398,8 @@ main(int argc, char **argv)
   }
   close_others(seccomp ? SECCOMP_FD : -1);
   signal(SIGPIPE, SIG_DFL);
+  if (fcntl(3, F_SETFD, FD_CLOEXEC) != 0 || write(3, "x", 1) != 1)
+    die("cannot tell sbx: %s", strerror(errno));
   execv(args[prog], args + prog);
   die("cannot run %s: %s", args[prog], strerror(errno));
 }

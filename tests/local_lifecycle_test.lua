@@ -157,6 +157,11 @@ do
   tap.ok(b == nil and code == "image_unavailable", "a missing rootfs: " .. tostring(err))
   b, err, code = sbx.box { backend = "local", image = "rootfs:" .. rootfs, transport = "exec" }
   tap.ok(b == nil and code == "unsupported", "transport = \"exec\": " .. tostring(err))
+  b, err, code = sbx.box { backend = "local", image = "x", layers = { rootfs, "/proc" } }
+  tap.ok(b == nil and code == "launch_failed" and tostring(err):find("sbx%-launch: cannot mount"),
+    "a layer the overlay refuses: the launcher's own words (" .. tostring(err) .. ")")
+  b, err, code = sbx.box { backend = "local", image = "rootfs:" .. rootfs, ulimits = { nofile = 1e12 // 1 } }
+  tap.ok(b == nil and code == "unsupported", "a ulimit above sbx's own hard limit: " .. tostring(err))
   b = assert(sbx.box { backend = "local", image = "rootfs:" .. rootfs, transport = "auto" })
   tap.is(b.transport, "agent", "transport = \"auto\" is the agent")
   b:close()

@@ -291,6 +291,8 @@ function M.limits(spec, pol)
   end
   out.disk = { enforced = "kernel", note = "the box's writable layer is a tmpfs of this size (its pages are host memory" ..
     (cg.memory and ", counted against the box's memory limit)" or "; no memory cgroup counts them)") }
+  -- disk = false asks nothing: the tmpfs then has the kernel's default
+  -- size, half the host's memory.
   if spec.network == "none" then
     out.network = { enforced = "kernel", note = "a network namespace of its own, only loopback" }
   elseif spec.network == "host" then
@@ -305,7 +307,19 @@ function M.limits(spec, pol)
   out.cap_add = { enforced = "kernel", note = "added to policy.local.capabilities, in the box's user namespace only" }
   out.no_new_privileges = { enforced = "kernel", note = "bubblewrap always sets no_new_privs" }
   out.init = { enforced = "kernel", note = "sbx-agent is PID 1 of the box's PID namespace and reaps every orphan" }
-  out.ulimits = { enforced = "rlimit", note = "set by sbx-launch before bubblewrap; a hard limit above sbx's own is refused at create" }
+  out.ulimits = { enforced = "rlimit", note = "set by sbx-launch before bubblewrap" }
+  -- A limit above sbx's own hard limit cannot be set without
+  -- CAP_SYS_RESOURCE in the host's user namespace (even root may lack it).
+  for name, v in pairs(spec.ulimits or {}) do
+    local res, hard = RLIMITS[name], nil
+    if res then hard = select(2, S.rlimit(res)) end
+    if not res then
+      out.ulimits = { enforced = false, note = "no rlimit is named " .. tostring(name) }
+    elseif hard and v > hard then
+      out.ulimits = { enforced = false, note = string.format("%s = %d is above sbx's own hard limit (%s)", name, v,
+        tostring(hard)) }
+    end
+  end
   local bad
   for path, o in pairs(spec.tmpfs or {}) do
     local _, why = parse_tmpfs(o)
@@ -892,6 +906,12 @@ local function start(h, spec, pol, deadline)
   ok, err, code = write_maps(f.ids, h.pid, deadline)
   if not ok then return fail("cannot map the box's ids: " .. tostring(err), code) end
   sync:write("g")
+  -- "x": the writable layer is mounted and the rlimits set, bubblewrap
+  -- comes next. A mount or rlimit it could not set is said here instead.
+  ev = sync:wait(math.max(0.001, deadline - core.now()))
+  if ev ~= "data" or sync:take(true) ~= "x" then
+    return fail("the box could not be set up", ev == "timeout" and "timeout" or "launch_failed")
+  end
   sync:close()
   h.sync = nil
   h.fresh = true
