@@ -7,16 +7,19 @@
 -- "unsupported").
 --
 -- The launch, one process chain started on sbx's loop (core.proc.spawn):
---   sbx-launch (src/sbx_launch.c, static, carried in libsbx)
---       dies with sbx (PR_SET_PDEATHSIG); makes the box's user and mount
---       namespaces and says so on its sync socket; sbx then writes the id
---       map (as root: 65536 ids, 0..65535 -> the same host ids; a user:
---       newuidmap with the /etc/subuid range, or the launcher's own single
---       id) and moves it into the box's cgroups, and says go. It mounts a
---       tmpfs of policy.box.disk bytes (the box's writable layer) on the
---       box's directory and an overlay (userxattr) of the image's layers
---       under it, sets the rlimits, closes what it must not pass on, and
---       execs
+--   sbx-launch (src/sbx_launch.c, static, carried in libsbx; its protocol
+--       is written there), started ahead as a spare (policy.local.spares):
+--       it joins the box's cgroups while nobody waits and says "r". At
+--       create sbx writes the cgroup limits and the owner record and sends
+--       the box's options and seccomp program over the launcher's socket;
+--       it dies with sbx from then on (PR_SET_PDEATHSIG), makes the box's
+--       user and mount namespaces and says "u"; sbx writes the id map (as
+--       root: 65536 ids, 0..65535 -> the same host ids; a user: newuidmap
+--       with the /etc/subuid range, or the launcher's own single id) and
+--       says "g". It mounts a tmpfs of policy.box.disk bytes (the box's
+--       writable layer) on the box's directory and an overlay (userxattr)
+--       of the image's layers under it, sets the rlimits, closes what it
+--       must not pass on, says "x" and execs
 --   bubblewrap (Debian's, not setuid)
 --       as uid 0 of that user namespace: the other namespaces, the overlay
 --       as /, /proc (its /sys read-only), /dev, the agent read-only at
@@ -164,7 +167,7 @@ end
 -- May sbx make groups in dir? (a probe group, made and removed)
 local function writable(dir)
   local probe = dir .. "/sbx-probe-" .. core.pid()
-  if not S.mkdir(probe, 0755) then return false end
+  if not S.mkdir(probe, tonumber("755", 8)) then return false end
   S.rmdir(probe)
   return true
 end
@@ -216,8 +219,6 @@ local function get_facts(pol)
   end
   return facts
 end
--- For tests: forget what was found (after changing the policy's knobs).
-function M.reset_facts() facts = nil end
 
 -- Isolation ---------------------------------------------------------------------------
 
@@ -631,7 +632,7 @@ local AGENT_PATH = "/dev/sbx-agent"
 
 -- The box's options for the launcher, and bubblewrap's command line after
 -- "--" (sent over the launcher's socket).
-local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
+local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
   local lp = lpol(pol)
   local rw = h.dir .. "/rw"
   local f = get_facts(pol)
@@ -692,7 +693,7 @@ local function launch_argv(h, spec, pol, src, progs, bwrap, has_seccomp)
     if workdir then add("--bind", rw .. "/workdir", workdir) end
   end
   add("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev")
-  add("--ro-bind", progs.agent, AGENT_PATH)
+  add("--ro-bind", h.progs.agent, AGENT_PATH)
   local paths = {}
   for p in pairs(spec.tmpfs or {}) do paths[#paths + 1] = p end
   table.sort(paths)
@@ -896,7 +897,7 @@ local function start(h, spec, pol, deadline)
   -- something `sbx reap` can read.
   local ok, err, code = write_record(h, spec)
   if not ok then return fail(err, code) end
-  local argv = launch_argv(h, spec, pol, h.src, h.progs, f.bwrap, bpf ~= nil)
+  local argv = launch_argv(h, spec, pol, h.src, f.bwrap, bpf ~= nil)
   sync:write(string.format("%d %d\n", #argv, bpf and #bpf or 0) .. table.concat(argv, "\0") .. "\0" .. (bpf or ""))
   -- "u": the namespaces exist; the maps go in now.
   local ev = sync:wait(math.max(0.001, deadline - core.now()))
