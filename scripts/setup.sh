@@ -36,8 +36,11 @@ packages=(
     # sbx-agent: static for x86_64 (musl) and aarch64 (the cross compiler)
     musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross
     libarchive-dev
+    libseccomp-dev
     # runtime
     docker.io iptables ca-certificates
+    # the local backend: namespaces (bubblewrap), a user's id range (uidmap)
+    bubblewrap uidmap
     # image building
     busybox-static debootstrap
     # tests

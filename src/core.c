@@ -18,7 +18,8 @@ static const struct {
   { "http", sbx_open_http },   { "json", sbx_open_json }, { "stream", sbx_open_stream },
   { "text", sbx_open_text },   { "sigv4", sbx_open_sigv4 }, { "ssm", sbx_open_ssm },
   { "lines", sbx_open_lines }, { "ws", sbx_open_ws },     { "proc", sbx_open_proc },
-  { "agent", sbx_open_agent }, { "layer", sbx_open_layer }, { NULL, NULL },
+  { "agent", sbx_open_agent }, { "layer", sbx_open_layer },
+  { "sandbox", sbx_open_sandbox }, { NULL, NULL },
 };
 
 int

@@ -127,6 +127,13 @@ int sbx_open_host(lua_State *L);
 double sbx_now(void);
 
 
+/*
+** Pushes an sbx.stream over a host process's pipes (stdout and stderr read,
+** stdin written; -1 for none), taking ownership of the fds; options from
+** the table at index opts (capture, chunks, chunk_limit). 0, or -1 when
+** the stream could not open them (it is pushed, ended). stream.c.
+*/
+int sbx_stream_pipes(lua_State *L, int opts, int in_fd, int out_fd, int err_fd);
 
 
 #endif

@@ -19,5 +19,6 @@ int sbx_open_ws(lua_State *L);
 int sbx_open_proc(lua_State *L);
 int sbx_open_agent(lua_State *L);
 int sbx_open_layer(lua_State *L);
+int sbx_open_sandbox(lua_State *L);
 
 #endif

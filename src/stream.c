@@ -12,6 +12,12 @@
 ** Memory is bounded: each capture holds head+tail bytes; bytes queued for a
 ** Lua on_output callback are capped, and past the cap reading stops (the
 ** daemon then blocks the writer: back-pressure, not loss).
+**
+** The same stream, with the same captures, chunk queue and channel
+** writes, also carries bytes from other sources: a sink that Lua feeds
+** (core.stream.sink: the SSM data channel) and a host process's pipes
+** (sbx_stream_pipes: core.proc.spawn, whose stdin and stdout are a local
+** box's agent channel, its stderr captured beside them).
 */
 #include "host.h"
 #include "modules.h"
@@ -21,6 +27,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STREAM_MT "sbx.stream"
 
@@ -54,6 +61,11 @@ struct stream {
   int has_stdin;
   int keep_open;               /* a channel: stdin stays open for :write */
   int stdin_closed;
+  int pipes;                   /* a process's pipes: u.pipe is its stdout */
+  uv_pipe_t *err_pipe;         /* its stderr (read), or NULL */
+  uv_pipe_t *in_pipe;          /* its stdin (written by :write), or NULL */
+  int reads_open;              /* read ends not at their end yet */
+  int out_done;                /* its stdout is at its end */
   struct pendbuf early;        /* :write bytes before the daemon answered */
   struct sbx_hijack reply;     /* head, then error body (socket streams) */
   struct sbx_demux demux;      /* the hijacked stream after a 200 or 101 */
@@ -115,11 +127,60 @@ wake_reader(struct stream *s)
 }
 
 static void
+aux_closed(uv_handle_t *h)
+{
+  struct stream *s = h->data;
+  free(h);
+  stream_unref(s);
+}
+
+static void
+close_aux(struct stream *s, uv_pipe_t **p)
+{
+  (void)s;   /* the handle's data: the close callback's */
+  if (*p) {
+    uv_close((uv_handle_t *)*p, aux_closed);
+    *p = NULL;
+  }
+}
+
+static void
 close_handle(struct stream *s)
 {
   if (s->handle_open) {
     s->handle_open = 0;
     uv_close(&s->u.handle, handle_closed);
+  }
+  close_aux(s, &s->err_pipe);
+  close_aux(s, &s->in_pipe);
+}
+
+/* Where :write goes: the socket, or a process's stdin pipe. */
+static uv_stream_t *
+write_end(struct stream *s)
+{
+  return s->pipes ? (uv_stream_t *)s->in_pipe : &s->u.stream;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* Reading stops (back-pressure) or starts again, on every read end. */
+static void
+reading(struct stream *s, int on)
+{
+  s->reading = on;
+  if (on) {
+    if (s->handle_open && !s->out_done)
+      uv_read_start(&s->u.stream, alloc_cb, read_cb);
+    if (s->err_pipe)
+      uv_read_start((uv_stream_t *)s->err_pipe, alloc_cb, read_cb);
+  }
+  else {
+    if (s->handle_open)
+      uv_read_stop(&s->u.stream);
+    if (s->err_pipe)
+      uv_read_stop((uv_stream_t *)s->err_pipe);
   }
 }
 
@@ -172,8 +233,7 @@ deliver(struct stream *s, int fd, const char *p, size_t n)
   if (s->chunks) {
     pend_add(&s->pend[which], p, n);
     if (s->pend[0].len + s->pend[1].len > s->chunk_limit && s->reading) {
-      uv_read_stop(&s->u.stream);
-      s->reading = 0;
+      reading(s, 0);
       s->paused = 1;
     }
     wake_reader(s);
@@ -211,7 +271,7 @@ chan_write(struct stream *s, const char *p, size_t n)
   w->s = s;
   memcpy(w->data, p, n);
   b = uv_buf_init(w->data, (unsigned)n);
-  if (uv_write(&w->req, &s->u.stream, &b, 1, chan_write_cb) != 0) {
+  if (uv_write(&w->req, write_end(s), &b, 1, chan_write_cb) != 0) {
     free(w);
     return -1;
   }
@@ -279,11 +339,37 @@ alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   buf->len = sizeof read_buffer;
 }
 
+/* A process's stdout or stderr: plain bytes; the end of both is the end. */
+static void
+pipe_read(struct stream *s, uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+  int fd = st == (uv_stream_t *)s->err_pipe ? 2 : 1;
+  if (nread > 0) {
+    deliver(s, fd, buf->base, (size_t)nread);
+    return;
+  }
+  if (nread == 0)
+    return;
+  if (nread != UV_EOF) {
+    finish(s, "closed", uv_strerror((int)nread));
+    return;
+  }
+  uv_read_stop(st);
+  if (fd == 2)
+    close_aux(s, &s->err_pipe);
+  else
+    s->out_done = 1;
+  if (--s->reads_open == 0)
+    finish(s, NULL, NULL);
+}
+
 static void
 read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
   struct stream *s = st->data;
-  if (nread > 0)
+  if (s->pipes)
+    pipe_read(s, st, nread, buf);
+  else if (nread > 0)
     feed(s, buf->base, (size_t)nread);
   else if (nread == UV_EOF) {
     if (s->reply.state == SBX_HIJACK_HEAD)
@@ -303,11 +389,16 @@ write_cb(uv_write_t *req, int status)
     finish(s, "closed", uv_strerror(status));
 }
 
+/* A process's stdin pipe cannot be half-closed: once every queued write
+** went out (uv_shutdown waits for that; the pipe refuses the socket's
+** shutdown itself), it is closed, which the reader sees as its end. */
 static void
 shutdown_cb(uv_shutdown_t *req, int status)
 {
-  (void)req;
+  struct stream *s = req->data;
   (void)status;
+  if (s && s->pipes && req->handle == (uv_stream_t *)s->in_pipe)
+    close_aux(s, &s->in_pipe);
 }
 
 static void
@@ -371,15 +462,16 @@ stream_new(lua_State *L, struct stream_ud *ud, struct sbx_host *h)
   return s;
 }
 
-/* The options every stream shares: capture sizes and the chunk queue. */
+/* The options every stream shares (the table at index opts): capture sizes
+** and the chunk queue. */
 static void
-stream_options(lua_State *L, struct stream *s)
+stream_options(lua_State *L, int opts, struct stream *s)
 {
-  lua_getfield(L, 1, "chunks");
+  lua_getfield(L, opts, "chunks");
   s->chunks = lua_toboolean(L, -1);
-  lua_getfield(L, 1, "chunk_limit");
+  lua_getfield(L, opts, "chunk_limit");
   s->chunk_limit = (size_t)luaL_optinteger(L, -1, 1 << 20);
-  lua_getfield(L, 1, "capture");
+  lua_getfield(L, opts, "capture");
   if (lua_istable(L, -1)) {
     int t = lua_gettop(L);
     opt_capture(L, t, "stdout", &s->cap[CAP_STDOUT], 65536, 65536);
@@ -413,8 +505,90 @@ stream_sink(lua_State *L)
   ud->s = NULL;
   luaL_setmetatable(L, STREAM_MT);
   s = stream_new(L, ud, sbx_host_get(L));
-  stream_options(L, s);
+  stream_options(L, 1, s);
   return 1;
+}
+
+/* A pipe of ours (fd) on the loop, or -1 with the fd closed. */
+static int
+open_pipe(struct stream *s, uv_pipe_t *p, int fd)
+{
+  if (uv_pipe_init(&s->host->loop, p, 0) != 0)
+    return -1;
+  p->data = s;
+  s->refs++;
+  if (uv_pipe_open(p, fd) != 0) {
+    close(fd);
+    return -1;
+  }
+  return 0;
+}
+
+/*
+** sbx_stream_pipes(L, opts, in_fd, out_fd, err_fd): pushes a stream over a
+** host process's pipes and takes ownership of the fds. out_fd (its stdout)
+** and err_fd (its stderr, or -1) feed the captures and the chunk queue as
+** "stdout" and "stderr"; in_fd (its stdin, or -1) makes the stream a
+** channel (:write, :close_stdin, which closes the pipe once every write went
+** out). The stream ends when both read ends are at their end (at once
+** without either: give one to write). opts: the
+** index of a table with capture, chunks, chunk_limit. Returns 0, or -1 when
+** the loop refused a pipe (the stream is then ended with "closed"). May
+** raise (out of memory).
+*/
+int
+sbx_stream_pipes(lua_State *L, int opts, int in_fd, int out_fd, int err_fd)
+{
+  struct stream_ud *ud;
+  struct stream *s;
+  int rc = 0;
+  opts = lua_absindex(L, opts);
+  ud = lua_newuserdatauv(L, sizeof *ud, 0);
+  ud->s = NULL;
+  luaL_setmetatable(L, STREAM_MT);
+  s = stream_new(L, ud, sbx_host_get(L));
+  s->pipes = 1;
+  s->reply.state = SBX_HIJACK_STREAM;    /* no HTTP head: bytes from the start */
+  stream_options(L, opts, s);
+  if (out_fd >= 0) {
+    s->handle_open = 1;
+    s->u.handle.data = s;
+    if (open_pipe(s, &s->u.pipe, out_fd) != 0)
+      rc = -1;
+    s->reads_open = 1;
+  }
+  if (err_fd >= 0) {
+    s->err_pipe = malloc(sizeof *s->err_pipe);
+    if (!s->err_pipe || open_pipe(s, s->err_pipe, err_fd) != 0) {
+      if (!s->err_pipe)
+        close(err_fd);
+      else
+        close_aux(s, &s->err_pipe);
+      rc = -1;
+    }
+    else
+      s->reads_open++;
+  }
+  if (in_fd >= 0) {
+    s->in_pipe = malloc(sizeof *s->in_pipe);
+    if (!s->in_pipe || open_pipe(s, s->in_pipe, in_fd) != 0) {
+      if (!s->in_pipe)
+        close(in_fd);
+      else
+        close_aux(s, &s->in_pipe);
+      rc = -1;
+    }
+    s->keep_open = s->has_stdin = 1;
+  }
+  if (rc != 0) {
+    finish(s, "closed", "the loop refused a pipe");
+    return -1;
+  }
+  if (s->reads_open == 0)
+    finish(s, NULL, NULL);    /* nothing to read: it has ended */
+  else
+    reading(s, 1);
+  return 0;
 }
 
 /* stream:push("stdout"|"stderr", bytes) -> queued chunk bytes | nil when ended */
@@ -426,7 +600,7 @@ stream_push(lua_State *L)
   int which = luaL_checkoption(L, 2, NULL, fds);
   size_t n;
   const char *p = luaL_checklstring(L, 3, &n);
-  luaL_argcheck(L, s->request == NULL, 1, "push on a socket stream");
+  luaL_argcheck(L, s->request == NULL && !s->pipes, 1, "push on a socket or pipe stream");
   if (s->eof) {
     lua_pushnil(L);
     return 1;
@@ -444,7 +618,7 @@ stream_finish(lua_State *L)
   struct stream *s = check_stream(L);
   const char *code = luaL_optstring(L, 2, NULL);
   const char *msg = luaL_optstring(L, 3, code);
-  luaL_argcheck(L, s->request == NULL, 1, "finish on a socket stream");
+  luaL_argcheck(L, s->request == NULL && !s->pipes, 1, "finish on a socket or pipe stream");
   finish(s, code, msg);
   return 0;
 }
@@ -502,7 +676,7 @@ stream_open(lua_State *L)
     s->has_stdin = 1;
   }
   lua_pop(L, 2);
-  stream_options(L, s);
+  stream_options(L, 1, s);
 
   s->connect_req.data = s;
   if (sock) {
@@ -639,10 +813,9 @@ stream_take(lua_State *L)
   int raw = lua_toboolean(L, 2);
   push_take(L, s, CAP_STDOUT, raw);
   push_take(L, s, CAP_STDERR, raw);
-  if (s->paused && !s->eof && s->handle_open) {
+  if (s->paused && !s->eof) {
     s->paused = 0;
-    s->reading = 1;
-    uv_read_start(&s->u.stream, alloc_cb, read_cb);
+    reading(s, 1);
   }
   return 2;
 }
@@ -754,7 +927,7 @@ stream_write(lua_State *L)
   if (s->eof || s->stdin_closed)
     return sbx_pushfail(L, "closed", "the stream is closed");
   if (n) {
-    if (s->reply.state != SBX_HIJACK_STREAM || !s->handle_open) {
+    if (!s->pipes && (s->reply.state != SBX_HIJACK_STREAM || !s->handle_open)) {
       if (pend_add(&s->early, p, n) != 0)
         return luaL_error(L, "out of memory");
     }
@@ -764,7 +937,8 @@ stream_write(lua_State *L)
     }
   }
   lua_pushinteger(L, (lua_Integer)(s->early.len +
-                                   (s->handle_open ? uv_stream_get_write_queue_size(&s->u.stream) : 0)));
+                                   (write_end(s) && (s->pipes || s->handle_open)
+                                    ? uv_stream_get_write_queue_size(write_end(s)) : 0)));
   return 1;
 }
 
@@ -777,9 +951,10 @@ stream_close_stdin(lua_State *L)
   if (s->stdin_closed || s->eof)
     return 0;
   s->stdin_closed = 1;
-  if (s->reply.state == SBX_HIJACK_STREAM && s->handle_open) {
+  if (s->reply.state == SBX_HIJACK_STREAM && (s->pipes || s->handle_open) && write_end(s)) {
     s->shutdown_req.data = s;
-    uv_shutdown(&s->shutdown_req, &s->u.stream, shutdown_cb);
+    if (uv_shutdown(&s->shutdown_req, write_end(s), shutdown_cb) != 0 && s->pipes)
+      close_aux(s, &s->in_pipe);
   }
   return 0;
 }

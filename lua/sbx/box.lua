@@ -119,7 +119,7 @@ function M.new(opts)
   if backend.bind then
     backend.bind(self, spec)
   else
-    local tmod, tstate, reason = transports.choose(self, pol)
+    local tmod, tstate, reason = transports.choose(self, pol, opts)
     if not tmod then
       open[self.id] = nil
       pcall(backend.destroy, handle, false, core.now() + pol.box.destroy_timeout)

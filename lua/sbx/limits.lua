@@ -20,6 +20,9 @@
 --   "daemon"    the container engine sets it up (cgroups, capabilities,
 --               mounts, a storage quota);
 --   "cgroup", "rlimit"  sbx itself, for daemon-free backends;
+--   "kernel"    sbx sets it up itself and the kernel holds it: a
+--               namespace, a mount (a sized tmpfs), the capability sets,
+--               a seccomp filter (daemon-free backends: local);
 --   "platform"  the cloud service (Fargate's task definition and size);
 --   "cluster"   an orchestrator (admission, quotas, network policy);
 --   "watched"   sbx measures and stops the box past the limit: a soft
@@ -41,7 +44,7 @@ M.OPTIONS = {
   "cap_drop", "cap_add", "no_new_privileges", "init", "ulimits", "tmpfs",
 }
 
-M.KINDS = { daemon = true, cgroup = true, rlimit = true, platform = true, cluster = true, watched = true }
+M.KINDS = { daemon = true, cgroup = true, rlimit = true, kernel = true, platform = true, cluster = true, watched = true }
 
 -- Does value v ask anything of the backend? A limit of false, a flag left
 -- off, an empty list or map asks nothing and is never refused; a network

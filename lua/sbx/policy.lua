@@ -649,6 +649,76 @@ policy.fargate = {
   },
 }
 
+-- The local backend (sbx.box{ backend = "local", image = "rootfs:DIR" |
+-- "host" }): a box is Linux namespaces (user, pid, mount, network, ipc,
+-- uts, cgroup) around an image's root filesystem, started by bubblewrap
+-- with sbx-agent as its first process; no daemon. "local" is a Lua keyword:
+-- a policy writes this block as ["local"] = { ... }.
+policy["local"] = {
+  bwrap = "bwrap",              -- bubblewrap (Debian's package); a name is looked up in PATH
+  -- Debian's uidmap, for a user whose /etc/subuid grants a range of ids.
+  newuidmap = "newuidmap", newgidmap = "newgidmap",
+  -- Where boxes keep what the host must see (owner records, the
+  -- mountpoints of their writable layers, sbx-agent and sbx-launch).
+  -- nil: /run/sbx/local as root, else $XDG_RUNTIME_DIR/sbx/local or
+  -- /tmp/sbx-<uid>/local (made 0700, refused when another user owns it).
+  state_dir = nil,
+  -- Ids mapped into a box. As root, box ids 0..ids-1 are the same host ids
+  -- (image files keep their owners, apt's _apt works); a user's own id is
+  -- the box's root and, where /etc/subuid grants a range, ids 1..ids-1 come
+  -- from it (newuidmap); without one the box has that single id.
+  ids = 65536,
+  -- Memory, pids and CPU limits through cgroups where sbx may write them
+  -- (v2: a delegated directory with the controllers enabled; v1: the
+  -- memory, pids and cpu hierarchies under sbx's own groups); rlimits
+  -- where it may not. false: rlimits only.
+  cgroups = true,
+  -- A delegated cgroup v2 directory to make box groups in (its
+  -- cgroup.subtree_control lists memory, pids and cpu); nil: sbx's own.
+  cgroup_root = nil,
+  -- What root in a box holds (Docker's default set), before the box's
+  -- cap_drop and cap_add; capabilities count in the box's user namespace.
+  capabilities = { "CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID",
+    "SETUID", "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE" },
+  -- The seccomp filter (libseccomp, loaded by bubblewrap before the agent
+  -- runs), in the spirit of Docker's default profile: these fail with
+  -- EPERM, enosys with ENOSYS (clone3: libc falls back to clone, whose
+  -- flags the filter reads), and deny_namespaces fails clone() with a
+  -- CLONE_NEW* flag. ptrace stays allowed, as on Docker with a kernel >=
+  -- 4.8: the box's own processes only. false: no filter.
+  seccomp = {
+    deny = {
+      "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsconfig", "fsmount",
+      "fspick", "move_mount", "open_tree", "mount_setattr", "kexec_load", "kexec_file_load",
+      "init_module", "finit_module", "delete_module", "bpf", "perf_event_open", "keyctl", "add_key",
+      "request_key", "swapon", "swapoff", "reboot", "acct", "quotactl", "settimeofday",
+      "clock_settime", "clock_adjtime", "adjtimex", "syslog", "iopl", "ioperm", "uselib",
+      "userfaultfd", "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "kcmp",
+      "io_uring_setup", "io_uring_enter", "io_uring_register", "mbind", "set_mempolicy",
+      "migrate_pages", "move_pages", "vhangup", "nfsservctl", "sysfs", "ustat", "_sysctl",
+    },
+    enosys = { "clone3" },
+    deny_namespaces = true,
+  },
+  -- image = "host": the host's files read-only, with an empty directory of
+  -- the box's own writable layer over each of these (a daemon's socket
+  -- under /run stays out of reach).
+  host_masks = { "/run", "/tmp", "/var/tmp", "/var/run" },
+  -- PATH for commands that set none (Docker's default).
+  path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+  -- Seconds close() waits for a box's processes to be gone and its cgroups
+  -- removed; what is left then goes to `sbx reap --backend local`.
+  destroy_wait = 2,
+  -- Record-less box directories (a create cut short) older than this many
+  -- seconds are leftovers for the reaper.
+  stale_after = 60,
+  -- sbx-launch processes started ahead of the next box (each in the
+  -- cgroups of its future box, waiting): under cgroup v1 joining a cgroup
+  -- after a quiet spell waits for an RCU grace period (milliseconds), which
+  -- a spare pays while nobody waits. 0: every box starts its own.
+  spares = 1,
+}
+
 -- AWS service calls (sbx.aws.client), retried as botocore's "standard" mode.
 -- A client's own options (retry = {...}, timeout =) win over these.
 policy.aws = {

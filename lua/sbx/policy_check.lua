@@ -170,6 +170,18 @@ local RULES = {
   ["aws.retry_statuses"] = map(BOOL, "integer"),
   ["aws.retry_transport"] = map(BOOL),
   ["aws.max_attempts"] = int { gt = 0 },
+  ["local.state_dir"] = maybe(str()),
+  ["local.ids"] = int { gt = 0 },
+  ["local.cgroup_root"] = maybe(str()),
+  ["local.capabilities"] = list(str()),
+  ["local.seccomp"] = rule({ "table", "false" }, { fields = {
+    deny = list(str()), enosys = list(str()), deny_namespaces = BOOL } }),
+  ["local.host_masks"] = list(str { check = function(v)
+    if v:sub(1, 1) ~= "/" then return "must be an absolute path" end
+  end }),
+  ["local.destroy_wait"] = POS,
+  ["local.stale_after"] = POS,
+  ["local.spares"] = int { ge = 0 },
 }
 M.RULES = RULES
 
@@ -464,6 +476,12 @@ local function sorted_keys(t)
   return keys
 end
 
+-- Names that Lua source must write as ["name"] (policy["local"]).
+local KEYWORDS = {}
+for w in ("and break do else elseif end false for function goto if in local nil not or repeat return then true until while"):gmatch("%a+") do
+  KEYWORDS[w] = true
+end
+
 -- policy_check.show(p) -> Lua source of a policy (functions as comments
 -- naming where they are defined), for `sbx policy show`.
 function M.show(p)
@@ -488,7 +506,7 @@ function M.show(p)
       for _, k in ipairs(sorted_keys(v)) do
         if not (math.type(k) == "integer" and k >= 1 and k <= n) then
           out[#out + 1] = pad
-          if type(k) == "string" and k:match("^[%a_][%w_]*$") then out[#out + 1] = k
+          if type(k) == "string" and k:match("^[%a_][%w_]*$") and not KEYWORDS[k] then out[#out + 1] = k
           else out[#out + 1] = "[" .. (type(k) == "string" and string.format("%q", k) or tostring(k)) .. "]" end
           out[#out + 1] = " = "
           emit(v[k], indent + 1)

@@ -10,6 +10,12 @@
 -- wait(timeout) -> "data" | "eof" | "timeout", take(true) -> raw bytes, info() ->
 -- { eof, error, error_code } and close(); mac says frames must be
 -- authenticated (the channel is a PTY that other processes could write to).
+-- extra (optional): default_user, the user commands run as when they name
+-- none; env, a list of NAME=value every command gets unless its own env
+-- sets the name (the box's environment). A backend may also provide
+-- oom_check(handle, job): asked after a command ended with SIGKILL's
+-- status, it sets job.oom_killed (and job.memory_limit) when the box's OOM
+-- killer did it.
 --
 -- and, where a dropped channel can be opened again,
 --   backend.agent_attach(handle, { name =, deadline =, pol = }) -> channel |
@@ -575,6 +581,7 @@ function M.open(box, pol, into)
     grace = (backend.agent_attach and pol.agent.reattach_grace > 0) and pol.agent.reattach_grace or 0,
     ack_bytes = pol.agent.ack_bytes, kept = {}, kept_end = {}, kept_head = 1, kept_tail = 0,
     tx_pos = 0, rx_acked = 0,
+    env = extra.env,
   }
   if into then
     for k in pairs(into) do into[k] = nil end
@@ -668,10 +675,17 @@ local function feed_stdin(st, job, data)
   if not st.dead then send(st, T.STDIN_EOF, job.id) end
 end
 
-local function spawn_payload(req, flags, default_user)
+local function spawn_payload(req, flags, default_user, box_env)
   local parts = {}
   for _, a in ipairs(req.argv) do parts[#parts + 1] = field(F.ARGV, a) end
-  for _, e in ipairs(req.env or {}) do parts[#parts + 1] = field(F.ENV, e) end
+  local named = {}
+  for _, e in ipairs(req.env or {}) do
+    parts[#parts + 1] = field(F.ENV, e)
+    named[e:match("^[^=]*")] = true
+  end
+  for _, e in ipairs(box_env or {}) do
+    if not named[e:match("^[^=]*")] then parts[#parts + 1] = field(F.ENV, e) end
+  end
   if req.cwd then parts[#parts + 1] = field(F.CWD, tostring(req.cwd)) end
   local user = req.user or default_user
   if user then parts[#parts + 1] = field(F.USER, tostring(user)) end
@@ -682,7 +696,7 @@ end
 function M.start(st, req)
   local ok, err, code = alive(st)
   if not ok then return nil, err, code end
-  local payload = spawn_payload(req, req.stdin and STDIN_PIPE or 0, st.default_user)
+  local payload = spawn_payload(req, req.stdin and STDIN_PIPE or 0, st.default_user, st.env)
   if #payload > A.MAX_PAYLOAD then
     return nil, string.format("the command and its environment are %d bytes, more than the agent takes (%d)",
       #payload, A.MAX_PAYLOAD), "too_large"
@@ -804,7 +818,7 @@ local function start_shell(sess)
   local st = sess.st
   local ok, err, code = alive(st)
   if not ok then return nil, err, code end
-  local payload = spawn_payload(sess.spec, STDIN_PIPE | SESSION, st.default_user)
+  local payload = spawn_payload(sess.spec, STDIN_PIPE | SESSION, st.default_user, st.env)
   local job = new_job(st, { capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 },
     output = { head = 0, tail = 0 } } }, "session")
   job.session = sess

@@ -23,19 +23,36 @@
 -- and agent_attach(handle, opts) where a dropped channel can be opened again
 -- (see transports/agent.lua). Which transport a box uses is the box option
 -- or policy.box.transport: "auto" (the agent where it can be placed, else
--- exec, and box.transport_reason says why), "agent" or "exec".
+-- exec, and box.transport_reason says why), "agent" or "exec". A backend
+-- without per-command functions (no start: the local backend, whose boxes
+-- are the agent's) has no exec transport: "exec" asked for (a box option,
+-- or a policy that changed the built-in default) is "unsupported" there,
+-- the built-in default "exec" means the agent, and "auto" is the agent or
+-- nothing.
 local M = {}
 
 M.exec = require "sbx.transports.exec"
 M.agent = require "sbx.transports.agent"
 
--- choose(box, pol) -> transport module, state, reason | nil, message, code
-function M.choose(box, pol)
+-- choose(box, pol, opts) -> transport module, state, reason | nil, message,
+-- code. opts: what sbx.box{} was given.
+function M.choose(box, pol, opts)
   local want = box.spec.transport or pol.box.transport or "auto"
+  local has_exec = box.backend.start ~= nil
+  if want == "exec" and not has_exec and (opts == nil or opts.transport == nil)
+    and pol.box.transport == require("sbx.policy").box.transport then
+    want = "agent"
+  end
+  if want == "exec" and not has_exec then
+    return nil, string.format("the %s backend runs commands through sbx-agent only (transport = \"exec\")",
+      tostring(box.backend_name)), "unsupported"
+  end
   if want == "exec" then return M.exec, M.exec.open(box), "transport = \"exec\"" end
   local st, reason, code = M.agent.open(box, pol)
   if st then return M.agent, st, nil end
-  if want == "agent" then return nil, "sbx-agent could not be started: " .. tostring(reason), code or "agent_unavailable" end
+  if want == "agent" or not has_exec then
+    return nil, "sbx-agent could not be started: " .. tostring(reason), code or "agent_unavailable"
+  end
   return M.exec, M.exec.open(box), reason
 end
 
