@@ -34,7 +34,6 @@
 #define RX_CHUNK 16384          /* most payload bytes per receive callback */
 #define TX_CHUNK 65536          /* larger messages go out as fragments */
 #define SERV_BUF 32768          /* lws's per-loop buffer; holds the upgrade request */
-#define MAX_HEADER_DATA 32767   /* lws's header table (a short): URL and headers of an upgrade */
 #define LWS_OWN_TIMEOUT 86400   /* lws's handshake timeouts: ours (timeout=) decide */
 #define CLOSE_FLUSH_SECS 10     /* queued sends get this long before a close */
 #define MAX_ADDRS 8
@@ -688,9 +687,6 @@ ws_get(struct sbx_host *h)
   info.timeout_secs = LWS_OWN_TIMEOUT;
   info.connect_timeout_secs = LWS_OWN_TIMEOUT;
   info.pt_serv_buf_size = SERV_BUF;
-  /* The request line must fit the header table: a Kubernetes exec URL
-  ** carries the whole command in its query string. */
-  info.max_http_header_data = MAX_HEADER_DATA;
   uv_walk(&h->loop, collect_handle, &before);
   /* lws sets SIGPIPE to SIG_IGN process-wide so a peer that goes away
   ** cannot kill it. A handler the program installed (the sbx command's)

@@ -444,11 +444,6 @@ a, b = ws.connect { url = base .. "/proto?pick=x&force=v9.channel.k8s.io", proto
 tap.ok(a == nil, "a protocol that was not offered fails the connection", b)
 tap.checkerr("bad name", ws.connect, { url = base .. "/echo", protocols = { "a b" } })
 
--- A long request line (a Kubernetes exec URL carries the whole command).
-local long = ("x"):rep(20000)
-c, err = ws.connect { url = base .. "/echo?cmd=" .. long }
-tap.ok(c and c:send("l") and c:recv(10) == "l", "a 20 kB URL fits the upgrade request", err)
-if c then c:close() end
 
 tap.is(server_close_of("violations"), "none", "every frame the client sent was masked")
 

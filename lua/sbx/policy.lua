@@ -610,9 +610,9 @@ policy.kubernetes = {
   exec_protocols = { "v5.channel.k8s.io", "v4.channel.k8s.io" },
   exec_connect_timeout = 30,            -- seconds to open one exec stream
   exec_max_message = 16 * MiB,          -- the largest websocket message taken from the server
-  -- The longest exec URL (the command travels in its query string): the
-  -- websocket client's header table holds 32 KiB.
-  exec_max_url = 30000,
+  -- The longest exec URL sbx sends (libwebsockets cuts a request line near
+  -- 2 kB); commands travel on stdin, so the URL is a short boot line.
+  exec_max_url = 2000,
   stdin_chunk = 64 * KiB,               -- stdin bytes per websocket message
   kill_timeout = 10,                    -- seconds the in-box kill may take
   -- The pod: resources are the box's memory, cpus and disk as limits;

@@ -153,7 +153,7 @@ local RULES = {
   ["kubernetes.exec_protocols"] = list(str { enum = { "v5.channel.k8s.io", "v4.channel.k8s.io" } }),
   ["kubernetes.exec_connect_timeout"] = POS,
   ["kubernetes.exec_max_message"] = int { gt = 0 },
-  ["kubernetes.exec_max_url"] = int { gt = 1000, ge = 0 },
+  ["kubernetes.exec_max_url"] = int { gt = 500 },
   ["kubernetes.stdin_chunk"] = int { gt = 0 },
   ["kubernetes.kill_timeout"] = POS,
   ["kubernetes.requests"] = maybe(map(SCALAR)),

@@ -195,7 +195,7 @@ function Client:exec(ns, pod, container, argv, opts)
   local url = ws_url(self.conn.server) .. path .. query_string(q)
   if #url > pol.exec_max_url then
     return nil, string.format("the command is %d bytes as an exec URL; the exec subresource's URL takes at most %d " ..
-      "(policy.kubernetes.exec_max_url): pass long scripts as stdin, or use the agent transport", #url,
+      "(policy.kubernetes.exec_max_url)", #url,
       pol.exec_max_url), "exec_failed"
   end
   local deadline = core.now() + (opts.timeout or pol.exec_connect_timeout)
