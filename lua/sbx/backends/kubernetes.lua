@@ -130,7 +130,7 @@ end
 -- same fields always go into annotations too.
 local function label_value(v)
   v = tostring(v)
-  if #v <= 63 and v:match("^[%w]([%w_.%-]*[%w])?$") or v == "" then return v end
+  if v == "" or (#v <= 63 and v:match("^%w[%w_.%-]*$") and v:match("%w$")) then return v end
   return nil
 end
 
