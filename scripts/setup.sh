@@ -38,7 +38,7 @@ packages=(
     # image building
     busybox-static debootstrap
     # tests
-    valgrind procps psmisc curl socat python3 python3-boto3 python3-botocore
+    valgrind procps psmisc curl socat openssl python3 python3-boto3 python3-botocore
     luarocks man-db groff-base
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
