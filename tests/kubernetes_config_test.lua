@@ -257,6 +257,17 @@ kubeconfig(dir .. "/noca.yaml", {
 })
 _, err, code = list_pods(pol { kubeconfig = dir .. "/noca.yaml" })
 tap.is(code, "tls", "without the cluster's CA the server's certificate is refused")
+H.sh(string.format("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=other " ..
+  "-keyout %s/other.key -out %s/other.crt", dir, dir))
+kubeconfig(dir .. "/otherca.yaml", {
+  clusters = { { name = "c", "server: " .. standin.url, "certificate-authority-data: " .. b64(dir .. "/other.crt") } },
+  users = { { name = "u", "token: tok-A-0123456789" } },
+  contexts = { { name = "x", "cluster: c", "user: u" } }, current = "x",
+})
+_, err, code = list_pods(pol { kubeconfig = dir .. "/otherca.yaml" })
+tap.is(code, "tls", "another CA's certificate-authority-data: the server's certificate is refused")
+local ex_ok = client.new(assert(config.resolve(pol { kubeconfig = dir .. "/otherca.yaml" })), pol {}):exec("default", "none", "box", { "true" })
+tap.ok(ex_ok == nil, "and the exec websocket refuses it too")
 
 -- In a pod: the service account, its token re-read as it rotates.
 os.execute("mkdir -p " .. dir .. "/sa")
