@@ -40,6 +40,12 @@ tap.ok(b and took >= 1 and took < 5, string.format("slow scheduling: ready after
 local after = state()
 tap.is((after.calls["GET api/v1/namespaces/{ns}/pods/{name}"] or 0) - before, 0, "no polling: not one GET of the pod while waiting")
 if b then b:close() end
+local watches = state().calls["GET api/v1/namespaces/{ns}/pods"] or 0
+local tasks = {}
+for i = 1, 10 do tasks[i] = sbx.spawn(function() local x = assert(box()) x:close() return true end) end
+local all = sbx.gather(tasks)
+tap.ok(#all == 10, "ten boxes waiting at once")
+tap.is((state().calls["GET api/v1/namespaces/{ns}/pods"] or 0) - watches, 1, "share one watch")
 faults { schedule_delay = 3 }
 t0 = sbx.now()
 b, err, code = box { start_timeout = 1 }
@@ -48,17 +54,17 @@ tap.ok(sbx.now() - t0 < 3, "bounded by it")
 sbx.sleep(0.3)
 tap.is(#state().pods, 0, "and the pod is removed")
 
--- A watch that drops, or that expired: looked at again, watched again.
+-- A watch that drops, or that expired: watched again.
 faults { schedule_delay = 0.5, drop_watch_after = 1 }
 b, err = box()
 tap.ok(b and b:exec("true").exit_code == 0, "the watch dropped after one event: the box is still ready", err)
 if b then b:close() end
-faults { drop_watch_after = 0, watch_expired = 1 }
+faults { drop_watch_after = 1, watch_expired = 1 }
 b, err = box()
-tap.ok(b, "the watch said 410 Expired: a GET, then a new watch", err)
+tap.ok(b, "the watch dropped, and its resumption said 410 Expired: watched again from the current state", err)
 tap.is(state().faults.watch_expired, 0, "(the 410 was served)")
 if b then b:close() end
-faults { schedule_delay = 0 }
+faults { schedule_delay = 0, drop_watch_after = 0 }
 
 -- An image the node cannot pull.
 faults { pull_fail = 1 }

@@ -265,59 +265,102 @@ function M.pod_state(pod, k)
   return nil
 end
 
--- Waits for the pod by watch, from resourceVersion rv, until it runs, fails,
--- or the deadline: true | nil, message, code. A broken or expired watch is
--- followed by a GET and a new watch from there.
-local function wait_ready(c, k, name, rv, deadline)
-  local last
-  while true do
-    if core.now() >= deadline then break end
-    local verdict, vmsg, vcode
-    local res, err, code = c:watch(ns_path(c, "pods"), {
-      fieldSelector = "metadata.name=" .. name, resourceVersion = rv,
-      timeoutSeconds = math.max(1, math.ceil(deadline - core.now())), allowWatchBookmarks = "true",
+-- Waiting for pods: one watch per client (cluster and namespace) for every
+-- box of this process that waits, as the Fargate backend has one poller:
+-- a hundred boxes starting at once cost the API server one watch, not a
+-- hundred. The watch selects this process's pods (label sbx.owner.pid) and
+-- starts without a resourceVersion (the current state as ADDED events,
+-- then every change); a watch that ends or breaks goes on from the last
+-- resourceVersion seen, one that expired (410) starts over. A box joins
+-- before its pod is posted, so no event of its pod can be missed.
+
+local watchers = {}              -- client -> { waiting = name -> waiter, task }
+
+local function settle(wt, w, ok, msg, code)
+  if w.result then return end
+  w.result = { ok, msg, code }
+  wt.waiting[w.name] = nil
+  w.done:set()
+end
+
+local function watch_loop(c, wt)
+  local rv
+  local selector = "sbx.owner.pid=" .. owner.identity().pid
+  while next(wt.waiting) do
+    local res, _, code = c:watch(ns_path(c, "pods"), {
+      labelSelector = selector, resourceVersion = rv, allowWatchBookmarks = "true", timeoutSeconds = 300,
     }, function(etype, obj)
-      if etype == "BOOKMARK" then
-        rv = type(obj) == "table" and obj.metadata and obj.metadata.resourceVersion or rv
-        return true
+      local meta = type(obj) == "table" and type(obj.metadata) == "table" and obj.metadata or {}
+      rv = meta.resourceVersion or rv
+      local w = meta.name and wt.waiting[meta.name]
+      if w and etype == "DELETED" then
+        settle(wt, w, false, "the pod was deleted before it ran", "pod_failed")
+      elseif w and etype ~= "BOOKMARK" then
+        w.last = obj
+        local s, m, cd = M.pod_state(obj, w.k)
+        if s ~= nil then settle(wt, w, s == "ready", m, cd) end
       end
-      if type(obj) == "table" and obj.metadata then rv = obj.metadata.resourceVersion or rv end
-      if etype == "DELETED" then
-        verdict, vmsg, vcode = false, "the pod was deleted before it ran", "pod_failed"
-        return false
-      end
-      last = obj
-      local s, m, cd = M.pod_state(obj, k)
-      if s ~= nil then verdict, vmsg, vcode = s, m, cd return false end
-    end, { deadline = deadline })
-    if verdict == "ready" then return true end
-    if verdict == false then return nil, vmsg, vcode end
-    if not res and code == "timeout" then break end
-    -- The watch ended, broke or expired: look, and watch again from there.
-    local st, pod, gcode = c:call("GET", ns_path(c, "pods", name))
-    if not st then
-      if gcode == "not_found" then return nil, "the pod was deleted before it ran", "pod_failed" end
-      if core.now() >= deadline then break end
-      core.sleep(0.2)
-    else
-      last = pod
-      local s, m, cd = M.pod_state(pod, k)
-      if s == "ready" then return true end
-      if s == false then return nil, m, cd end
-      rv = pod.metadata and pod.metadata.resourceVersion or rv
+      if not next(wt.waiting) then return false end
+    end)
+    if not res then
+      if code == "expired" then rv = nil end
+      if next(wt.waiting) then core.sleep(0.1) end
     end
-    local _ = err
   end
-  local st = type(last) == "table" and type(last.status) == "table" and last.status or {}
-  local why = st.phase or "unknown"
-  for _, cond in ipairs(type(st.conditions) == "table" and st.conditions or {}) do
-    if cond.status == "False" and cond.reason then why = why .. ", " .. cond.type .. ": " .. cond.reason .. (cond.message and (" (" .. cond.message .. ")") or "") end
+end
+
+local function join_watch(c, name, k)
+  local wt = watchers[c]
+  if not wt then
+    wt = { waiting = {} }
+    watchers[c] = wt
   end
-  for _, cs in ipairs(type(st.containerStatuses) == "table" and st.containerStatuses or {}) do
-    local w = type(cs.state) == "table" and cs.state.waiting
-    if type(w) == "table" and w.reason then why = why .. ", " .. w.reason end
+  local w = { name = name, k = k, done = core.event() }
+  wt.waiting[name] = w
+  if not wt.task then
+    wt.task = core.spawn(function()
+      pcall(watch_loop, c, wt)
+      wt.task = nil
+      -- Waiters that joined while the loop was ending get a new loop.
+      if next(wt.waiting) and not wt.task then join_watch(c, next(wt.waiting), k) end
+    end)
   end
-  return nil, string.format("the pod did not run within %gs (policy.kubernetes.start_timeout; last: %s)", k.start_timeout, why), "timeout"
+  return w
+end
+
+local function leave_watch(c, w)
+  local wt = watchers[c]
+  if not wt then return end
+  wt.waiting[w.name] = nil
+  if not next(wt.waiting) and wt.task then
+    local t = wt.task
+    wt.task = nil
+    t:cancel()
+  end
+end
+
+-- Waits for a joined pod until it runs, fails or the deadline: true | nil,
+-- message, code.
+local function wait_ready(c, w, k, deadline)
+  if not w.done:wait(math.max(0.001, deadline - core.now())) then
+    leave_watch(c, w)
+    local st = type(w.last) == "table" and type(w.last.status) == "table" and w.last.status or {}
+    local why = st.phase or "not seen yet"
+    for _, cond in ipairs(type(st.conditions) == "table" and st.conditions or {}) do
+      if cond.status == "False" and cond.reason then
+        why = why .. ", " .. cond.type .. ": " .. cond.reason .. (cond.message and (" (" .. cond.message .. ")") or "")
+      end
+    end
+    for _, cs in ipairs(type(st.containerStatuses) == "table" and st.containerStatuses or {}) do
+      local wt = type(cs.state) == "table" and cs.state.waiting
+      if type(wt) == "table" and wt.reason then why = why .. ", " .. wt.reason end
+    end
+    return nil, string.format("the pod did not run within %gs (policy.kubernetes.start_timeout; last: %s)",
+      k.start_timeout, why), "timeout"
+  end
+  local ok, msg, code = table.unpack(w.result, 1, 3)
+  if ok then return true end
+  return nil, msg, code
 end
 
 -- Lifecycle ------------------------------------------------------------------------------------
@@ -352,6 +395,7 @@ function M.create(spec, pol)
   local name = random_name(k.name_prefix)
   local h = { id = name, name = name, client = c, k = k, streams = {}, namespace = c.namespace }
   local deadline = core.now() + k.start_timeout
+  local w
   local ok, res, rerr, rcode = pcall(function()
     if k.network == "none" then
       local st, perr, pcode = c:call("POST", ns_path(c, "networkpolicies"), { body = netpol_body(k, name) })
@@ -360,6 +404,7 @@ function M.create(spec, pol)
       end
       h.netpol = true
     end
+    w = join_watch(c, name, k)
     local st, pod, pcode = c:call("POST", ns_path(c, "pods"), { body = pod_body(k, name) })
     if not st then
       if pcode == "already_exists" then
@@ -369,12 +414,12 @@ function M.create(spec, pol)
       if not st then return nil, "cannot create the pod: " .. tostring(pod), pcode end
     end
     h.created = true
-    local rv = type(pod) == "table" and pod.metadata and pod.metadata.resourceVersion or nil
     local s, m, cd = M.pod_state(pod, k)
     if s == false then return nil, m, cd end
     if s == "ready" then return true end
-    return wait_ready(c, k, name, rv, deadline)
+    return wait_ready(c, w, k, deadline)
   end)
+  if w and not w.result then leave_watch(c, w) end
   if not ok or not res then
     -- Interrupted, cancelled or failed: nothing of the box stays.
     pcall(M.destroy, h, false, core.now() + (sbx.policy.box.destroy_timeout or 10))
