@@ -94,6 +94,21 @@ local st, conn = list_pods(pol { kubeconfig = standin.kubeconfig })
 tap.is(st, 200, "client certificate and key as data (the stand-in's kubeconfig)")
 tap.is(conn and conn.namespace, "default", "the context's namespace")
 
+-- core.http's TLS options themselves (what the client above builds on).
+local http = require "sbx.http"
+local pods_url = standin.url .. "/api/v1/namespaces/default/pods"
+local r = http.request { url = pods_url, ca_file = certs .. "/ca.crt", cert_file = certs .. "/client.crt",
+  key_file = certs .. "/client.key" }
+tap.is(r and r.status, 200, "core.http: ca_file, cert_file and key_file")
+r = http.request { url = pods_url, ca_data = K.slurp(certs .. "/ca.crt") }
+tap.is(r and r.status, 401, "core.http: ca_data verifies the server; no client certificate is a 401")
+r = http.request { url = pods_url, insecure = true, cert_data = K.slurp(certs .. "/client.crt"),
+  key_data = K.slurp(certs .. "/client.key") }
+tap.is(r and r.status, 200, "core.http: insecure skips verification; cert_data and key_data log in")
+local _, herr, hcode = http.request { url = pods_url }
+tap.ok(hcode == "tls", "core.http: the system's CAs do not know the stand-in's", herr)
+tap.checkerr("ca_data must be a string", http.request, { url = pods_url, ca_data = 1 })
+
 -- Files, relative to the kubeconfig that names them.
 os.execute("mkdir -p " .. dir .. "/rel")
 kubeconfig(dir .. "/rel/config", {
