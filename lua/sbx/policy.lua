@@ -598,6 +598,7 @@ policy.kubernetes = {
   -- message; false waits (a cluster autoscaler may add a node) until
   -- start_timeout.
   fail_unschedulable = true,
+  watch_timeout = 300,                  -- seconds a readiness watch asks the server to keep open (then it is renewed)
   request_timeout = 30,                 -- seconds per API call
   connect_timeout = 10,
   retries = 5,                          -- 429, 5xx and refused connections, with backoff

@@ -145,6 +145,7 @@ local RULES = {
   ["kubernetes.service_account_dir"] = str { nonempty = true },
   ["kubernetes.container"] = str { nonempty = true },
   ["kubernetes.start_timeout"] = POS,
+  ["kubernetes.watch_timeout"] = int { gt = 0 },
   ["kubernetes.request_timeout"] = POS,
   ["kubernetes.connect_timeout"] = POS,
   ["kubernetes.retries"] = int { ge = 0 },

@@ -288,7 +288,8 @@ local function watch_loop(c, wt)
   local selector = "sbx.owner.pid=" .. owner.identity().pid
   while next(wt.waiting) do
     local res, _, code = c:watch(ns_path(c, "pods"), {
-      labelSelector = selector, resourceVersion = rv, allowWatchBookmarks = "true", timeoutSeconds = 300,
+      labelSelector = selector, resourceVersion = rv, allowWatchBookmarks = "true",
+      timeoutSeconds = c.pol.watch_timeout,
     }, function(etype, obj)
       local meta = type(obj) == "table" and type(obj.metadata) == "table" and obj.metadata or {}
       rv = meta.resourceVersion or rv
