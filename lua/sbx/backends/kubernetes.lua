@@ -400,7 +400,8 @@ function M.create(spec, pol)
   local ok, res, rerr, rcode = pcall(function()
     if k.network == "none" then
       local st, perr, pcode = c:call("POST", ns_path(c, "networkpolicies"), { body = netpol_body(k, name) })
-      if not st then
+      -- (already_exists: a retried create whose first attempt went through)
+      if not st and pcode ~= "already_exists" then
         return nil, "cannot create the NetworkPolicy that keeps the box off the network: " .. tostring(perr), pcode
       end
       h.netpol = true
