@@ -19,7 +19,7 @@ end
 
 -- The pod ------------------------------------------------------------------------------------
 
-local box = assert(sbx.box { backend = "kubernetes", image = H.image, memory = 256 * 2 ^ 20, cpus = 0.5,
+local box = assert(sbx.box { backend = "kubernetes", image = H.image, transport = "exec", memory = 256 * 2 ^ 20, cpus = 0.5,
   lifetime = 600, env = { BOX_ENV = "v" }, labels = { team = "eval" }, tmpfs = { ["/scratch"] = "rw,size=8m" } })
 local p = assert(pod_named(box.id), "the pod is in the stand-in")
 local spec, c = p.spec, p.spec.containers[1]

@@ -13,9 +13,11 @@ sbx.use_policy { kubernetes = { kubeconfig = standin.kubeconfig, backoff = { bas
 
 local function faults(t) return assert(standin:faults(t)) end
 local function state() return assert(standin:state()) end
+-- The exec transport unless a check asks for the agent: what is checked
+-- here is the exec subresource itself.
 local function box(opts)
   opts = opts or {}
-  opts.backend, opts.image = "kubernetes", opts.image or H.busybox
+  opts.backend, opts.image, opts.transport = "kubernetes", opts.image or H.busybox, opts.transport or "exec"
   return sbx.box(opts)
 end
 
