@@ -44,7 +44,7 @@ packages=(
     # image building
     busybox-static debootstrap
     # tests
-    valgrind procps psmisc curl socat python3 python3-boto3 python3-botocore
+    valgrind procps psmisc curl socat openssl python3 python3-boto3 python3-botocore
     luarocks man-db groff-base
     # the aarch64 agent runs under qemu-user in the tests
     qemu-user-static
@@ -52,6 +52,10 @@ packages=(
     docker-registry skopeo python3-jwt python3-cryptography zstd
 )
 [ "$with_podman" -eq 1 ] && packages+=(podman catatonit)
+# kubectl drives the Kubernetes stand-in in the tests: Debian's
+# kubernetes-client, unless a kubectl is already installed (another
+# package's /usr/bin/kubectl would conflict with it).
+command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 # Word splitting is the point: the variable is a space separated list.
 # shellcheck disable=SC2206
 packages+=(${SBX_SETUP_EXTRA_PACKAGES:-})
@@ -137,7 +141,8 @@ fi
 
 # --- node SDKs for the tests -------------------------------------------------
 # The official OpenAI, Anthropic, Gemini and MCP SDKs serve as type oracles
-# and as a real MCP client in the tests.
+# and as a real MCP client in the tests; the official Kubernetes client
+# (@kubernetes/client-node) drives the Kubernetes stand-in.
 if [ "$with_sdks" -eq 1 ]; then
     if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
         log "installing nodejs and npm"

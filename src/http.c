@@ -652,12 +652,75 @@ request_k(lua_State *L, int status, lua_KContext ctx)
 }
 
 /*
+** TLS options of a request (all optional): ca_file, cert_file, key_file
+** (paths); ca_data, cert_data, key_data (PEM bytes, handed to libcurl as
+** blobs it copies, so nothing secret is written to a file); insecure
+** (true: no verification of the server's certificate or name). Checked
+** before the request is made, so a wrong type raises with nothing to free.
+*/
+static const char *const tls_strings[] = {
+  "ca_file", "cert_file", "key_file", "ca_data", "cert_data", "key_data", NULL
+};
+
+static void
+check_tls_opts(lua_State *L)
+{
+  int i;
+  for (i = 0; tls_strings[i]; i++) {
+    int t = lua_getfield(L, 1, tls_strings[i]);
+    if (t != LUA_TNIL && t != LUA_TSTRING)
+      luaL_error(L, "http.request: %s must be a string", tls_strings[i]);
+    lua_pop(L, 1);
+  }
+}
+
+static void
+set_blob(CURL *easy, CURLoption opt, const char *p, size_t n)
+{
+  struct curl_blob blob;
+  blob.data = (void *)p;
+  blob.len = n;
+  blob.flags = CURL_BLOB_COPY;
+  curl_easy_setopt(easy, opt, &blob);
+}
+
+/* [opts] -> the TLS options of opts set on easy; the stack is unchanged. */
+static void
+set_tls_opts(lua_State *L, CURL *easy)
+{
+  static const CURLoption file_opts[] = { CURLOPT_CAINFO, CURLOPT_SSLCERT, CURLOPT_SSLKEY };
+  static const CURLoption blob_opts[] = {
+    CURLOPT_CAINFO_BLOB, CURLOPT_SSLCERT_BLOB, CURLOPT_SSLKEY_BLOB
+  };
+  int i;
+  for (i = 0; i < 6; i++) {
+    size_t n;
+    const char *v;
+    lua_getfield(L, 1, tls_strings[i]);
+    v = lua_tolstring(L, -1, &n);
+    if (v && i < 3)
+      curl_easy_setopt(easy, file_opts[i], v); /* libcurl copies strings */
+    else if (v)
+      set_blob(easy, blob_opts[i - 3], v, n);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, 1, "insecure");
+  if (lua_toboolean(L, -1)) {
+    curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 0L);
+  }
+  lua_pop(L, 1);
+}
+
+/*
 ** core.http.request{ url=, method=, headers={"K: V", ...} or {K=V}, body=,
 **   unix_socket=, timeout= (s, whole transfer), connect_timeout= (s),
 **   low_speed_time= (s), low_speed_limit= (bytes/s, default 1),
 **   idle_timeout= (s without a byte, unless paused for the reader; checked
 **   about once a second), max_body= (bytes),
-**   detached=, stream=, max_buffer= (bytes, default 1 MiB) }
+**   detached=, stream=, max_buffer= (bytes, default 1 MiB),
+**   ca_file=, ca_data=, cert_file=, cert_data=, key_file=, key_data=,
+**   insecure= (TLS: see set_tls_opts) }
 **   -> {status, body, headers, truncated} | nil, message, code
 ** With stream = true it returns at the response head with
 **   {status, headers, body_stream = userdata (:read, :close)}.
@@ -709,6 +772,7 @@ http_request(lua_State *L)
   idle = luaL_optnumber(L, -1, 0);
   lua_getfield(L, 1, "detached");
   detached = lua_toboolean(L, -1);
+  check_tls_opts(L);
   luaL_argcheck(L, !(stream && detached), 1, "a streamed request cannot be detached");
   lua_getfield(L, 1, stream ? "max_buffer" : "max_body");
   {
@@ -750,6 +814,7 @@ http_request(lua_State *L)
     curl_easy_setopt(r->easy, CURLOPT_NOBODY, 1L);
   if (sock)
     curl_easy_setopt(r->easy, CURLOPT_UNIX_SOCKET_PATH, sock);
+  set_tls_opts(L, r->easy);
   if (timeout > 0)
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
   curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)(ctimeout * 1000));

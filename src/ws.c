@@ -19,7 +19,10 @@
 #include "host.h" /* <uv.h> first: the lws header's libuv glue needs it */
 #include "modules.h"
 
+#include "sha256.h"
+
 #include <libwebsockets.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -53,11 +56,24 @@ struct ws_queue {
   size_t bytes;
 };
 
+/*
+** A vhost per TLS setting (trusted CAs, client certificate): its own
+** OpenSSL context, made by us (lws uses it as given, and never frees it).
+** Vhosts are found by a SHA-256 of the setting, so no certificate or key
+** is kept here beyond what the OpenSSL context itself holds.
+*/
 struct ws_vhost {
   struct ws_vhost *next;
   struct lws_vhost *vh;
+  SSL_CTX *ssl_ctx;
   char name[32];                /* lws keeps the pointer, not a copy */
-  char ca_file[];
+  uint8_t id[32];
+};
+
+/* The TLS setting of a connection: files or PEM bytes, any may be NULL. */
+struct ws_tls {
+  const char *ca_file, *ca_data, *cert_data, *key_data;
+  size_t ca_len, cert_len, key_len;
 };
 
 struct ws_conn;
@@ -66,7 +82,7 @@ struct sbx_ws {
   struct sbx_host *host;
   struct lws_context *ctx;
   struct lws_vhost *default_vh; /* system CAs */
-  struct ws_vhost *vhosts;      /* one per ca_file */
+  struct ws_vhost *vhosts;      /* one per TLS setting */
   struct ws_conn *conns;        /* every connection not yet freed */
   int dying;                    /* sbx_ws_shutdown ran: start nothing */
   int vhost_seq;
@@ -93,6 +109,8 @@ struct ws_conn {
   int opened;                   /* reached ST_OPEN (it may be closed again) */
   /* where to */
   char *url, *host, *hosthdr, *path, *headers;
+  char *protocols;              /* offered subprotocols, "a, b", or NULL */
+  char protocol[64];            /* the one the server chose, or "" */
   size_t headers_len;
   int port, tls_flags;
   struct lws_vhost *vh;
@@ -202,6 +220,7 @@ conn_check_free(struct ws_conn *c)
   free(c->hosthdr);
   free(c->path);
   free(c->headers);
+  free(c->protocols);
   free(c);
 }
 
@@ -497,6 +516,7 @@ ws_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void 
   case LWS_CALLBACK_WSI_CREATE:
   case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER:
   case LWS_CALLBACK_ESTABLISHED_CLIENT_HTTP:
+  case LWS_CALLBACK_CLIENT_FILTER_PRE_ESTABLISH:
   case LWS_CALLBACK_CLIENT_ESTABLISHED:
   case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
   case LWS_CALLBACK_CLIENT_RECEIVE:
@@ -545,6 +565,11 @@ ws_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void 
     break;
   case LWS_CALLBACK_ESTABLISHED_CLIENT_HTTP:
     c->http_status = (int)lws_http_client_http_response(wsi);
+    break;
+  case LWS_CALLBACK_CLIENT_FILTER_PRE_ESTABLISH:
+    /* lws has checked that the choice is one we offered; keep it. */
+    if (lws_hdr_copy(wsi, c->protocol, sizeof c->protocol, WSI_TOKEN_PROTOCOL) < 0)
+      c->protocol[0] = '\0';
     break;
   case LWS_CALLBACK_CLIENT_ESTABLISHED:
     if (c->state != ST_CONNECTING || !c->owned)
@@ -693,31 +718,141 @@ ws_get(struct sbx_host *h)
   return ws;
 }
 
-/* The vhost whose client TLS trusts ca_file (only), made once per file. */
+static void
+tls_id(const struct ws_tls *t, uint8_t out[32])
+{
+  struct sbx_sha256 h;
+  static const char sep[1] = { 0 };
+  sbx_sha256_init(&h);
+  sbx_sha256_update(&h, t->ca_file ? "f" : "-", 1);
+  if (t->ca_file)
+    sbx_sha256_update(&h, t->ca_file, strlen(t->ca_file) + 1);
+  sbx_sha256_update(&h, t->ca_data ? "c" : "-", 1);
+  sbx_sha256_update(&h, t->ca_data ? t->ca_data : sep, t->ca_data ? t->ca_len : 1);
+  sbx_sha256_update(&h, t->cert_data ? "x" : "-", 1);
+  sbx_sha256_update(&h, t->cert_data ? t->cert_data : sep, t->cert_data ? t->cert_len : 1);
+  sbx_sha256_update(&h, t->key_data ? "k" : "-", 1);
+  sbx_sha256_update(&h, t->key_data ? t->key_data : sep, t->key_data ? t->key_len : 1);
+  sbx_sha256_final(&h, out);
+}
+
+/*
+** A client OpenSSL context for t: the CAs of ca_file or ca_data (else the
+** system's), and the certificate chain and key of cert_data and key_data.
+** NULL with *why set when one of them does not load; why names the part,
+** never its contents.
+*/
+static SSL_CTX *
+tls_ctx(const struct ws_tls *t, const char **why)
+{
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  BIO *bio = NULL;
+  X509 *x = NULL;
+  EVP_PKEY *key = NULL;
+  if (!ctx) {
+    *why = "cannot make a TLS context";
+    return NULL;
+  }
+  if (t->ca_file) {
+    if (SSL_CTX_load_verify_locations(ctx, t->ca_file, NULL) != 1) {
+      *why = "cannot load the CA file";
+      goto fail;
+    }
+  }
+  else if (t->ca_data) {
+    X509_STORE *store = SSL_CTX_get_cert_store(ctx);
+    int n = 0;
+    bio = BIO_new_mem_buf(t->ca_data, (int)t->ca_len);
+    while (bio && (x = PEM_read_bio_X509(bio, NULL, NULL, NULL))) {
+      if (X509_STORE_add_cert(store, x) == 1)
+        n++;
+      X509_free(x);
+    }
+    x = NULL;
+    BIO_free(bio);
+    bio = NULL;
+    ERR_clear_error(); /* the end of the PEM data reads as an error */
+    if (n == 0) {
+      *why = "no CA certificate in ca_data";
+      goto fail;
+    }
+  }
+  else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+    *why = "cannot load the system's CA certificates";
+    goto fail;
+  }
+  if (t->cert_data) {
+    bio = BIO_new_mem_buf(t->cert_data, (int)t->cert_len);
+    x = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+    if (!x || SSL_CTX_use_certificate(ctx, x) != 1) {
+      *why = "cannot load the client certificate";
+      goto fail;
+    }
+    X509_free(x);
+    while ((x = PEM_read_bio_X509(bio, NULL, NULL, NULL)))
+      if (SSL_CTX_add0_chain_cert(ctx, x) != 1) {
+        *why = "cannot load the client certificate's chain";
+        goto fail;
+      }
+    ERR_clear_error();
+    BIO_free(bio);
+    bio = NULL;
+  }
+  if (t->key_data) {
+    bio = BIO_new_mem_buf(t->key_data, (int)t->key_len);
+    key = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
+    if (!key || SSL_CTX_use_PrivateKey(ctx, key) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+      *why = "cannot load the client key (or it does not match the certificate)";
+      goto fail;
+    }
+    EVP_PKEY_free(key);
+    BIO_free(bio);
+  }
+  return ctx;
+fail:
+  X509_free(x);
+  EVP_PKEY_free(key);
+  BIO_free(bio);
+  SSL_CTX_free(ctx);
+  ERR_clear_error();
+  return NULL;
+}
+
+/* The vhost for TLS setting t, made once per setting; NULL, *why. */
 static struct lws_vhost *
-vhost_for(struct sbx_ws *ws, const char *ca_file)
+vhost_for(struct sbx_ws *ws, const struct ws_tls *t, const char **why)
 {
   struct lws_context_creation_info info;
   struct ws_vhost *v;
-  size_t n = strlen(ca_file);
+  uint8_t id[32];
+  tls_id(t, id);
   for (v = ws->vhosts; v; v = v->next)
-    if (strcmp(v->ca_file, ca_file) == 0)
+    if (memcmp(v->id, id, sizeof id) == 0)
       return v->vh;
-  v = calloc(1, sizeof *v + n + 1);
-  if (!v)
+  v = calloc(1, sizeof *v);
+  if (!v) {
+    *why = "out of memory";
     return NULL;
-  memcpy(v->ca_file, ca_file, n + 1);
-  snprintf(v->name, sizeof v->name, "sbx-ca-%d", ++ws->vhost_seq);
+  }
+  memcpy(v->id, id, sizeof id);
+  v->ssl_ctx = tls_ctx(t, why);
+  if (!v->ssl_ctx) {
+    free(v);
+    return NULL;
+  }
+  snprintf(v->name, sizeof v->name, "sbx-tls-%d", ++ws->vhost_seq);
   memset(&info, 0, sizeof info);
   info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT | LWS_SERVER_OPTION_DISABLE_OS_CA_CERTS;
   info.port = CONTEXT_PORT_NO_LISTEN;
   info.protocols = ws_protocols;
   info.vhost_name = v->name;
-  info.client_ssl_ca_filepath = v->ca_file;
+  info.provided_client_ssl_ctx = v->ssl_ctx;
   info.connect_timeout_secs = LWS_OWN_TIMEOUT;
   v->vh = lws_create_vhost(ws->ctx, &info);
   if (!v->vh) {
+    SSL_CTX_free(v->ssl_ctx);
     free(v);
+    *why = "libwebsockets cannot make a TLS vhost";
     return NULL;
   }
   v->next = ws->vhosts;
@@ -777,6 +912,7 @@ ws_free(struct sbx_host *h)
   }
   for (v = ws->vhosts; v; v = vnext) {
     vnext = v->next;
+    SSL_CTX_free(v->ssl_ctx); /* lws never frees a context it was given */
     free(v);
   }
   free(ws);
@@ -802,10 +938,12 @@ attempt_start(struct ws_conn *c)
   i.path = c->path;
   i.host = c->hosthdr;
   i.ssl_connection = c->tls_flags;
+  i.protocol = c->protocols;
   i.local_protocol_name = WS_PROTOCOL;
   i.opaque_user_data = c;
   c->state = ST_CONNECTING;
   c->tcp_up = c->request_sent = c->http_status = 0;
+  c->protocol[0] = '\0';
   c->err_code = NULL;
   c->err[0] = c->end[0] = '\0';
   c->wsi = NULL;
@@ -1040,6 +1178,43 @@ parse_url(lua_State *L, const char *url, struct parsed_url *u)
 }
 
 /*
+** protocols = { "a", "b" } -> "a, b" pushed on the stack ("" when absent).
+** Names are tokens (RFC 6455 4.1): no separators, no spaces.
+*/
+static void
+push_protocols(lua_State *L, int opts)
+{
+  lua_Integer i, n;
+  int list, parts = 0;
+  lua_getfield(L, opts, "protocols");
+  luaL_argcheck(L, lua_isnil(L, -1) || lua_istable(L, -1), 1, "protocols must be a list of names");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_pushliteral(L, "");
+    return;
+  }
+  list = lua_gettop(L);
+  n = luaL_len(L, list);
+  luaL_checkstack(L, (int)(2 * n + 2), "too many protocols");
+  for (i = 1; i <= n; i++) {
+    size_t len;
+    const char *p;
+    lua_geti(L, list, i);                                  /* [list, ..., name] */
+    p = lua_tolstring(L, -1, &len);
+    if (!p || len == 0 || len > 60 || strcspn(p, "()<>@,;:\\\"/[]?={} \t\r\n") != len)
+      luaL_error(L, "protocols: bad name #%d", (int)i);
+    if (i > 1) {
+      lua_pushliteral(L, ", ");
+      lua_insert(L, -2);
+      parts++;
+    }
+    parts++;
+  }
+  lua_concat(L, parts);                                    /* [list, "a, b"] */
+  lua_remove(L, list);
+}
+
+/*
 ** headers = { Name = "value", ... } -> "Name: value\r\n..." pushed on the
 ** stack. The string grows by concatenation: a handful of headers at most.
 */
@@ -1088,7 +1263,9 @@ opt_number(lua_State *L, int opts, const char *name, double def)
 
 /*
 ** core.ws.connect{ url=, headers=, timeout=, max_message=, max_queue=,
-**   ca_file=, insecure= } -> ws | nil, message, code. Yields until the
+**   ca_file=, ca_data=, cert_data=, key_data= (PEM), insecure=,
+**   protocols= { "name", ... } } -> ws | nil, message, code. The server's
+**   choice among protocols is ws:info().protocol. Yields until the
 ** connection is open or failed (codes ECONNREFUSED, ENOTFOUND, timeout,
 ** handshake, tls, closed). Raises on bad arguments.
 */
@@ -1103,8 +1280,9 @@ ws_connect(lua_State *L)
   struct ws_conn *c;
   struct ws_op *op;
   struct addrinfo hints;
-  const char *url, *ca_file, *headers;
-  size_t headers_len;
+  const char *url, *headers, *protos, *why = NULL;
+  struct ws_tls tls;
+  size_t headers_len, protos_len;
   double timeout, max_message, max_queue;
   int insecure, rc;
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -1119,18 +1297,28 @@ ws_connect(lua_State *L)
   luaL_argcheck(L, max_message >= 1 && max_message < 1e15, 1, "max_message must be positive");
   max_queue = opt_number(L, 1, "max_queue", 4 << 20);
   luaL_argcheck(L, max_queue >= 1 && max_queue < 1e15, 1, "max_queue must be positive");
+  memset(&tls, 0, sizeof tls);
   lua_getfield(L, 1, "ca_file");
-  ca_file = luaL_optstring(L, -1, NULL);                   /* [opts, url, ca] */
+  tls.ca_file = luaL_optstring(L, -1, NULL);
+  lua_getfield(L, 1, "ca_data");
+  tls.ca_data = luaL_optlstring(L, -1, NULL, &tls.ca_len);
+  lua_getfield(L, 1, "cert_data");
+  tls.cert_data = luaL_optlstring(L, -1, NULL, &tls.cert_len);
+  lua_getfield(L, 1, "key_data");
+  tls.key_data = luaL_optlstring(L, -1, NULL, &tls.key_len);
+  luaL_argcheck(L, !tls.cert_data == !tls.key_data, 1, "cert_data and key_data go together");
   lua_getfield(L, 1, "insecure");
   insecure = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  push_headers(L, 1);                                      /* [opts, url, ca, hdrs] */
+  lua_pop(L, 1);                                 /* [opts, url, ca, cad, cert, key] */
+  push_protocols(L, 1);                          /* [..., protos] */
+  push_headers(L, 1);                            /* [..., protos, hdrs] */
   headers = lua_tolstring(L, -1, &headers_len);
+  protos = lua_tolstring(L, -2, &protos_len);    /* both stay on the stack */
 
-  if (ca_file) {
-    FILE *f = fopen(ca_file, "r");
+  if (tls.ca_file) {
+    FILE *f = fopen(tls.ca_file, "r");
     if (!f)
-      return sbx_pushfail(L, "tls", "cannot read ca_file %s", ca_file);
+      return sbx_pushfail(L, "tls", "cannot read ca_file %s", tls.ca_file);
     fclose(f);
   }
   ws = ws_get(h);
@@ -1139,15 +1327,18 @@ ws_connect(lua_State *L)
                                      "(is libwebsockets-evlib-uv installed?)");
   if (ws->dying)
     return sbx_pushfail(L, "closed", "the host is shutting down");
-  vh = ca_file ? vhost_for(ws, ca_file) : ws->default_vh;
+  if (tls.ca_file || tls.ca_data || tls.cert_data)
+    vh = vhost_for(ws, &tls, &why);
+  else
+    vh = ws->default_vh;
   if (!vh)
-    return sbx_pushfail(L, "tls", "cannot set up TLS with ca_file %s", ca_file);
+    return sbx_pushfail(L, "tls", "cannot set up TLS: %s", why ? why : "no vhost");
 
   /* Made closed first: from here on the userdata owns the connection. */
   ud = lua_newuserdatauv(L, sizeof *ud, 0);                /* [..., ud] */
   ud->c = NULL;
   luaL_setmetatable(L, WS_MT);
-  lua_replace(L, 2);                                       /* [opts, ud, ca, hdrs] */
+  lua_replace(L, 2);                             /* [opts, ud, ..., protos, hdrs] */
   c = calloc(1, sizeof *c);
   if (!c)
     return luaL_error(L, "out of memory");
@@ -1182,6 +1373,8 @@ ws_connect(lua_State *L)
   if (headers_len)
     c->headers = dup_n(L, headers, headers_len);
   c->headers_len = headers_len;
+  if (protos_len)
+    c->protocols = dup_n(L, protos, protos_len);
   {
     /* Host carries the port when it is not the scheme's default. */
     const char *fmt = u.bracketed ? (u.port == (u.tls ? 443 : 80) ? "[%s]" : "[%s]:%d")
@@ -1373,6 +1566,10 @@ ws_info(lua_State *L)
     set_int(L, "close_code", c->close_code);
     lua_pushstring(L, c->close_reason);
     lua_setfield(L, -2, "close_reason");
+  }
+  if (c->protocol[0]) {
+    lua_pushstring(L, c->protocol);
+    lua_setfield(L, -2, "protocol");
   }
   set_int(L, "messages_in", c->messages_in);
   set_int(L, "messages_out", c->messages_out);

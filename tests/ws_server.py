@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A websocket server for tests/ws_test.lua, RFC 6455 by hand (stdlib only).
 
-Usage: ws_server.py PARENT_PID [--tls CERT KEY]
+Usage: ws_server.py PARENT_PID [--tls CERT KEY [--client-ca CA]]
+With --client-ca the TLS server requires a client certificate signed by CA.
 Prints the port it listens on (127.0.0.1, chosen by the kernel) and exits
 when PARENT_PID is gone. The path picks the behaviour:
 
@@ -19,6 +20,10 @@ when PARENT_PID is gone. The path picks the behaviour:
   /flood?total=&size=      `total` bytes in binary messages of `size`
                            (message i is bytes of value i % 251), then "done"
   /headers                 one text message: the request headers as JSON
+  /proto?pick=a,b          answers with the first of the client's
+                           Sec-WebSocket-Protocol names that is in pick (none
+                           when none is), then sends it as a text message
+  /proto?pick=a&force=x    answers with protocol x whatever was offered
   /pingme                  pings the client with "srv"; sends "pong:<data>"
                            when the pong comes back
   /script?file=PATH        a scripted peer (steps in the JSON file; see serve)
@@ -221,8 +226,18 @@ class Handler(socketserver.BaseRequestHandler):
             sock.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
             return
         accept = base64.b64encode(hashlib.sha1(key.encode() + GUID).digest())
+        chosen = ""
+        if path == "/proto":
+            offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+            pick = q.get("pick", "").split(",")
+            chosen = q.get("force") or next((p for p in offered if p in pick), "")
+        extra = b"Sec-WebSocket-Protocol: " + chosen.encode() + b"\r\n" if chosen else b""
         sock.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                     b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+                     b"Connection: Upgrade\r\n" + extra + b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+        if path == "/proto":
+            c.send_frame(OP_TEXT, chosen.encode())
+            c.echo()
+            return
 
         if path == "/echo":
             c.echo()
@@ -332,6 +347,9 @@ def main():
     if len(sys.argv) >= 5 and sys.argv[2] == "--tls":
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+        if len(sys.argv) >= 7 and sys.argv[5] == "--client-ca":
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(sys.argv[6])
         srv.tls = ctx
     threading.Thread(target=watch, args=(int(sys.argv[1]),), daemon=True).start()
     print(srv.server_address[1], flush=True)

@@ -393,9 +393,57 @@ if tport then
   c, err = ws.connect { url = "wss://localhost:" .. tport .. "/echo", insecure = true }
   tap.ok(c and c:send("i") and c:recv(10) == "i", "insecure = true skips verification", err)
   if c then c:close() end
+  -- The CA as PEM bytes instead of a file.
+  local f = assert(io.open(dir .. "/cert.pem"))
+  local pem = f:read("a")
+  f:close()
+  c, err = ws.connect { url = "wss://127.0.0.1:" .. tport .. "/echo", ca_data = pem }
+  tap.ok(c and c:send("d") and c:recv(10) == "d", "ca_data (PEM bytes) verifies the server", err)
+  if c then c:close() end
+  a, b, cc = ws.connect { url = "wss://127.0.0.1:" .. tport .. "/echo", ca_data = "not a certificate" }
+  tap.ok(a == nil and cc == "tls" and b:find("no CA certificate", 1, true), "ca_data without a certificate: tls", b)
+
   tstop()
 end
+
+-- A server that wants a client certificate (the Kubernetes API server's
+-- x509 login): the certificate and key go in as PEM bytes, never a file.
+local _, crc = H.sh(string.format("(cd %s && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+  .. "-keyout ca.key -out ca.pem && openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=someone "
+  .. "-keyout client.key -out client.csr && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
+  .. "-CAcreateserial -days 1 -out client.pem)", dir))
+tap.is(crc, 0, "openssl makes a client CA and an EC client certificate")
+local function read(p) local f = assert(io.open(p)) local s = f:read("a") f:close() return s end
+local mport, mstop = start_server(string.format("--tls %s/cert.pem %s/key.pem --client-ca %s/ca.pem", dir, dir, dir))
+tap.ok(mport, "the mutual-TLS server starts")
+if mport then
+  local url = "wss://127.0.0.1:" .. mport .. "/echo"
+  c, err = ws.connect { url = url, ca_file = dir .. "/cert.pem",
+    cert_data = read(dir .. "/client.pem"), key_data = read(dir .. "/client.key") }
+  tap.ok(c and c:send("m") and c:recv(10) == "m", "cert_data and key_data log in", err)
+  if c then c:close() end
+  a, b = ws.connect { url = url, ca_file = dir .. "/cert.pem", timeout = 10 }
+  tap.ok(a == nil, "without a client certificate the server hangs up", b)
+  a, b, cc = ws.connect { url = url, ca_file = dir .. "/cert.pem",
+    cert_data = read(dir .. "/client.pem"), key_data = read(dir .. "/key.pem") }
+  tap.ok(a == nil and cc == "tls" and not b:find("PRIVATE", 1, true), "a key that does not match: tls, no key in the message", b)
+  tap.checkerr("go together", ws.connect, { url = url, cert_data = "x" })
+  mstop()
+end
 os.execute("rm -rf " .. dir)
+
+-- Subprotocols: offered in order, the server's choice in info().protocol.
+c = assert(ws.connect { url = base .. "/proto?pick=v4.channel.k8s.io", protocols = { "v5.channel.k8s.io", "v4.channel.k8s.io" } })
+tap.is(c:info().protocol, "v4.channel.k8s.io", "the server's choice among the offered subprotocols")
+tap.is(c:recv(10), "v4.channel.k8s.io", "the server saw both offered")
+c:close()
+c = assert(ws.connect { url = base .. "/proto?pick=none", protocols = { "v5.channel.k8s.io" } })
+tap.is(c:info().protocol, nil, "no protocol chosen: info().protocol is nil")
+c:close()
+a, b = ws.connect { url = base .. "/proto?pick=x&force=v9.channel.k8s.io", protocols = { "v5.channel.k8s.io" } }
+tap.ok(a == nil, "a protocol that was not offered fails the connection", b)
+tap.checkerr("bad name", ws.connect, { url = base .. "/echo", protocols = { "a b" } })
+
 
 tap.is(server_close_of("violations"), "none", "every frame the client sent was masked")
 

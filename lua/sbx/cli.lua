@@ -8,11 +8,12 @@ usage: sbx [--policy FILE|NAME] COMMAND [ARGS...]
 
 commands:
   run SCRIPT [ARGS...]   run a Lua script with the sbx module (arg holds ARGS)
-  reap [--all] [--dry-run] [--backend B] [--cluster C]
+  reap [--all] [--dry-run] [--backend B] [--cluster C] [--context X] [--namespace N]
                          remove boxes whose owner process is gone or whose
                          lifetime has passed (--all: every sbx box;
-                         --dry-run: only list them; B: docker or fargate,
-                         default the policy's; C: the ECS cluster)
+                         --dry-run: only list them; B: docker, fargate or
+                         kubernetes, default the policy's; C: the ECS
+                         cluster; X, N: the kubeconfig context and namespace)
   tools [--format F] [--strict|--no-strict]
                          print the tools the policy defines, as the value of
                          a request's tools field; F: openai, openai-responses,
@@ -157,7 +158,7 @@ function commands.reap(args)
     local a = args[i]
     if a == "--all" then opts.all = true
     elseif a == "--dry-run" then opts.dry_run = true
-    elseif (a == "--backend" or a == "--cluster") and args[i + 1] then
+    elseif (a == "--backend" or a == "--cluster" or a == "--context" or a == "--namespace") and args[i + 1] then
       opts[a:sub(3)] = args[i + 1]
       i = i + 1
     else err("reap: unknown option or missing value: ", a) return 2 end

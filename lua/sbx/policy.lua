@@ -717,6 +717,58 @@ policy["local"] = {
   -- after a quiet spell waits for an RCU grace period (milliseconds), which
   -- a spare pays while nobody waits. 0: every box starts its own.
   spares = 1,
+
+-- The Kubernetes backend (sbx.box{ backend = "kubernetes" }): a box is a
+-- pod. Box options of the same names override these per box.
+policy.kubernetes = {
+  -- Where the configuration comes from, as kubectl finds it: nil reads
+  -- KUBECONFIG (files merged in order), else ~/.kube/config; a path ("a:b"
+  -- or a list) here is read instead (a missing file is then an error).
+  kubeconfig = nil,
+  context = nil,                        -- nil: the kubeconfig's current-context
+  namespace = nil,                      -- nil: the context's, else "default"
+  -- In a pod: true uses its service account (KUBERNETES_SERVICE_HOST and
+  -- the token, re-read as it rotates); "auto" does when no kubeconfig file
+  -- exists; false never does.
+  in_cluster = "auto",
+  service_account_dir = "/var/run/secrets/kubernetes.io/serviceaccount",
+  container = "box",                    -- the pod's container name
+  name_prefix = "sbx-",                 -- pod (and NetworkPolicy) names: <prefix><12 hex digits>
+  start_timeout = 300,                  -- seconds from create to a running container (image pull included)
+  -- An Unschedulable pod fails the box at once with the scheduler's
+  -- message; false waits (a cluster autoscaler may add a node) until
+  -- start_timeout.
+  fail_unschedulable = true,
+  watch_timeout = 300,                  -- seconds a readiness watch asks the server to keep open (then it is renewed)
+  request_timeout = 30,                 -- seconds per API call
+  connect_timeout = 10,
+  retries = 5,                          -- 429, 5xx and refused connections, with backoff
+  backoff = { base = 0.2, max = 5, max_retry_after = 30 },  -- seconds; Retry-After honoured up to the last
+  token_reread = 60,                    -- seconds a token file (service account) is trusted before it is read again
+  credential_slack = 10,                -- an exec plugin's credential is fetched again this long before it expires
+  exec_plugin_timeout = 60,             -- seconds an exec credential plugin may run
+  -- The exec channel protocols offered, in order (the server picks the
+  -- first it speaks): v5 can end stdin, v4 cannot (see the backend).
+  exec_protocols = { "v5.channel.k8s.io", "v4.channel.k8s.io" },
+  exec_connect_timeout = 30,            -- seconds to open one exec stream
+  exec_max_message = 16 * MiB,          -- the largest websocket message taken from the server
+  -- The longest exec URL sbx sends (libwebsockets cuts a request line near
+  -- 2 kB); commands travel on stdin, so the URL is a short boot line.
+  exec_max_url = 2000,
+  stdin_chunk = 64 * KiB,               -- stdin bytes per websocket message
+  kill_timeout = 10,                    -- seconds the in-box kill may take
+  -- The pod: resources are the box's memory, cpus and disk as limits;
+  -- requests = nil makes requests equal the limits (Guaranteed QoS), or
+  -- give them, e.g. { cpu = "250m", memory = "256Mi" }.
+  requests = nil,
+  runtime_class = nil,                  -- runtimeClassName (e.g. "gvisor", "kata")
+  node_selector = nil,                  -- { ["kubernetes.io/arch"] = "amd64" }
+  tolerations = nil,                    -- a list of toleration objects
+  image_pull_secrets = nil,             -- a list of Secret names
+  service_account = nil,                -- serviceAccountName; its token is never mounted
+  run_as_user = nil,                    -- securityContext.runAsUser; nil: the image's user
+  image_pull_policy = nil,              -- nil: from box.pull (missing: IfNotPresent, always, never)
+  annotations = {},                     -- extra pod annotations
 }
 
 -- AWS service calls (sbx.aws.client), retried as botocore's "standard" mode.

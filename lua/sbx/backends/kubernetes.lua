@@ -1,0 +1,751 @@
+-- The Kubernetes backend: a box is a pod whose one container sleeps for the
+-- box's lifetime; commands run through the pods/exec subresource on a
+-- websocket (one stream per command on the exec transport, one stream for
+-- sbx-agent on the agent transport). The box contract is box.lua's;
+-- protocol notes with their sources are in docs/kubernetes.md.
+--
+-- The pod: restartPolicy Never; activeDeadlineSeconds = the box's lifetime
+-- (an orphan ends by itself, and so does its sleep); the owner labels and
+-- annotations Docker boxes carry; resources from the box's memory, cpus
+-- and disk (limits, and requests as policy.kubernetes.requests says);
+-- automountServiceAccountToken false (a box never holds cluster
+-- credentials); a hardened securityContext (allowPrivilegeEscalation
+-- false, the box's capabilities dropped and added, RuntimeDefault
+-- seccomp); runtimeClassName, nodeSelector, tolerations and
+-- imagePullSecrets from policy; terminationGracePeriodSeconds 0 and a
+-- delete with gracePeriodSeconds=0, so a close is immediate.
+--
+-- network = "none" is a NetworkPolicy that selects the pod and allows
+-- nothing in and nothing out, made before the pod; the cluster's network
+-- plugin enforces it (box.limits.network says so).
+local M = {}
+
+local sbx = require "sbx"
+local core, json = sbx.core, sbx.json
+local http = require "sbx.http"
+local owner = require "sbx.owner"
+local config = require "sbx.kubernetes.config"
+local client_mod = require "sbx.kubernetes.client"
+
+local function pol_k() return sbx.policy.kubernetes end
+
+-- Box options only this backend takes: every policy.kubernetes knob.
+function M.options(check) return check.section_rules("kubernetes") end
+
+-- policy.kubernetes with the box's options over it, key by key.
+local function kspec(spec)
+  local k = {}
+  for key, v in pairs(pol_k()) do k[key] = v end
+  for key, v in pairs(spec or {}) do if pol_k()[key] ~= nil or k[key] == nil then k[key] = v end end
+  return k
+end
+
+-- Clients, one per configuration ---------------------------------------------------------
+
+local clients = {}
+
+local function get_client(k)
+  local key = table.concat({ tostring(k.kubeconfig), tostring(k.context), tostring(k.namespace),
+    tostring(k.in_cluster), os.getenv("KUBECONFIG") or "" }, "|")
+  local c = clients[key]
+  if c then return c end
+  local conn, err, code = config.resolve(k)
+  if not conn then return nil, err, code end
+  c = client_mod.new(conn, k)
+  c.namespace = conn.namespace
+  clients[key] = c
+  return c
+end
+M.client = get_client
+
+local function ns_path(c, kind, name)
+  local base = kind == "networkpolicies"
+    and "/apis/networking.k8s.io/v1/namespaces/" .. http.escape(c.namespace) .. "/networkpolicies"
+    or "/api/v1/namespaces/" .. http.escape(c.namespace) .. "/pods"
+  return name and (base .. "/" .. http.escape(name)) or base
+end
+
+-- Isolation -------------------------------------------------------------------------------
+-- What a pod spec can hold (sbx.limits has the rule for the rest):
+-- memory, cpu and ephemeral-storage limits, the container's
+-- securityContext (readOnlyRootFilesystem, capabilities,
+-- allowPrivilegeEscalation), tmpfs as emptyDir volumes in memory, and a
+-- NetworkPolicy. Not there: a pids limit (the kubelet's podPidsLimit is
+-- node configuration), ulimits, an init process.
+
+local MiB = 1024 * 1024
+
+local function quantity_bytes(n) return string.format("%d", math.floor(n)) end
+local function quantity_cpu(n) return string.format("%dm", math.max(1, math.floor(n * 1000 + 0.5))) end
+
+function M.limits(spec)
+  local out = {
+    memory = { enforced = "cluster", note = "the container's memory limit (resources.limits.memory): the kubelet's cgroup, OOM-killed past it" },
+    cpus = { enforced = "cluster", note = "the container's CPU limit (resources.limits.cpu): a CFS quota" },
+    pids = { enforced = false, note = "a pod spec has no pids limit; only the kubelet's podPidsLimit (node configuration) caps a fork bomb" },
+    disk = { enforced = "cluster", note = "resources.limits.ephemeral-storage: the kubelet evicts the pod past it (it measures periodically, so a fast writer gets further first)" },
+    read_only = { enforced = "cluster", note = "securityContext.readOnlyRootFilesystem" },
+    cap_drop = { enforced = "cluster", note = "securityContext.capabilities.drop" },
+    cap_add = { enforced = "cluster", note = "securityContext.capabilities.add (admission, such as Pod Security, may refuse the pod)" },
+    no_new_privileges = { enforced = "cluster", note = "securityContext.allowPrivilegeEscalation = false" },
+    init = { enforced = false, note = "a pod has no init option: PID 1 is the box's sleep, which reaps no zombies (the agent transport reaps its commands' own)" },
+    ulimits = { enforced = false, note = "a pod spec has no ulimits; the container runtime's defaults apply" },
+    tmpfs = { enforced = "cluster", note = "emptyDir volumes with medium Memory (they count against the memory limit)" },
+  }
+  local net = spec.network
+  if net == "none" then
+    out.network = { enforced = "cluster", note = "a NetworkPolicy that selects the pod and allows no ingress and no egress; " ..
+      "the cluster's network plugin enforces it (a plugin without NetworkPolicy support, such as plain flannel, does not)" }
+  elseif net == "bridge" then
+    out.network = { enforced = "cluster", note = "the pod network, as the cluster's policies allow" }
+  else
+    out.network = { enforced = false, note = string.format("pods use the cluster's pod network; there is no Docker network %q", tostring(net)) }
+  end
+  return out
+end
+
+local function cap_name(c) return (tostring(c):upper():gsub("^CAP_", "")) end
+
+-- tmpfs { ["/tmp"] = "rw,size=64m" } -> volumes, volumeMounts.
+local function tmpfs_volumes(tmpfs)
+  local vols, mounts = {}, {}
+  local paths = {}
+  for p in pairs(tmpfs or {}) do paths[#paths + 1] = p end
+  table.sort(paths)
+  for i, p in ipairs(paths) do
+    local opts = tostring(tmpfs[p])
+    local size = opts:match("size=(%w+)")
+    local ed = { medium = "Memory" }
+    if size then
+      local n, unit = size:match("^(%d+)([kmgKMG]?)$")
+      if n then ed.sizeLimit = n .. ({ k = "Ki", m = "Mi", g = "Gi", K = "Ki", M = "Mi", G = "Gi" })[unit] or n end
+    end
+    vols[#vols + 1] = { name = "tmpfs-" .. i, emptyDir = ed }
+    mounts[#mounts + 1] = { name = "tmpfs-" .. i, mountPath = p, readOnly = opts:find("ro", 1, true) == 1 or nil }
+  end
+  return vols, mounts
+end
+
+-- Labels must be valid label values (63 characters of [A-Za-z0-9_.-]); the
+-- same fields always go into annotations too.
+local function label_value(v)
+  v = tostring(v)
+  if v == "" or (#v <= 63 and v:match("^%w[%w_.%-]*$") and v:match("%w$")) then return v end
+  return nil
+end
+
+local PULL = { missing = "IfNotPresent", always = "Always", never = "Never" }
+
+local function pod_body(k, name)
+  local tags = owner.labels(k.lifetime, k.labels)
+  local labels, annotations = { ["sbx.box"] = name }, {}
+  for key, v in pairs(tags) do
+    annotations[key] = tostring(v)
+    labels[key] = label_value(v)
+  end
+  for key, v in pairs(k.annotations or {}) do annotations[key] = tostring(v) end
+  local limits = {}
+  if k.memory then limits.memory = quantity_bytes(k.memory) end
+  if k.cpus then limits.cpu = quantity_cpu(k.cpus) end
+  if k.disk then limits["ephemeral-storage"] = quantity_bytes(k.disk) end
+  local requests = {}
+  if k.requests then
+    for key, v in pairs(k.requests) do requests[key] = tostring(v) end
+  else
+    for key, v in pairs(limits) do requests[key] = v end
+  end
+  local env = {}
+  for key, v in pairs(k.env or {}) do env[#env + 1] = { name = tostring(key), value = tostring(v) } end
+  table.sort(env, function(a, b) return a.name < b.name end)
+  local drop, add = {}, {}
+  for _, c in ipairs(k.cap_drop or {}) do drop[#drop + 1] = cap_name(c) end
+  for _, c in ipairs(k.cap_add or {}) do add[#add + 1] = cap_name(c) end
+  local vols, mounts = tmpfs_volumes(k.tmpfs)
+  local container = {
+    name = k.container, image = k.image,
+    command = json.array { "sleep", tostring(math.floor(k.lifetime)) },
+    workingDir = k.workdir, env = json.array(env),
+    resources = { limits = json.object(limits), requests = json.object(requests) },
+    securityContext = {
+      allowPrivilegeEscalation = not k.no_new_privileges and true or false,
+      privileged = false,
+      readOnlyRootFilesystem = k.read_only and true or false,
+      capabilities = { drop = json.array(drop), add = json.array(add) },
+      runAsUser = k.run_as_user,
+    },
+    imagePullPolicy = k.image_pull_policy or PULL[k.pull] or "IfNotPresent",
+    volumeMounts = #mounts > 0 and json.array(mounts) or nil,
+    stdin = false, tty = false,
+  }
+  local pull_secrets
+  if k.image_pull_secrets then
+    pull_secrets = {}
+    for _, s in ipairs(k.image_pull_secrets) do pull_secrets[#pull_secrets + 1] = { name = s } end
+    pull_secrets = json.array(pull_secrets)
+  end
+  return {
+    apiVersion = "v1", kind = "Pod",
+    metadata = { name = name, namespace = nil, labels = labels, annotations = annotations },
+    spec = {
+      restartPolicy = "Never",
+      activeDeadlineSeconds = math.max(1, math.floor(k.lifetime)),
+      terminationGracePeriodSeconds = 0,
+      automountServiceAccountToken = false,
+      enableServiceLinks = false,
+      serviceAccountName = k.service_account,
+      runtimeClassName = k.runtime_class,
+      nodeSelector = k.node_selector,
+      tolerations = k.tolerations and json.array(k.tolerations) or nil,
+      imagePullSecrets = pull_secrets,
+      securityContext = { seccompProfile = { type = "RuntimeDefault" } },
+      volumes = #vols > 0 and json.array(vols) or nil,
+      containers = json.array { container },
+    },
+  }
+end
+M.pod_body = pod_body
+
+local function netpol_body(k, name)
+  local labels, annotations = { ["sbx.box"] = name }, {}
+  for key, v in pairs(owner.labels(k.lifetime)) do
+    annotations[key] = tostring(v)
+    labels[key] = label_value(v)
+  end
+  return {
+    apiVersion = "networking.k8s.io/v1", kind = "NetworkPolicy",
+    metadata = { name = name, labels = labels, annotations = annotations },
+    spec = {
+      podSelector = { matchLabels = { ["sbx.box"] = name } },
+      policyTypes = json.array { "Ingress", "Egress" },
+      ingress = json.array {}, egress = json.array {},
+    },
+  }
+end
+
+-- Readiness ------------------------------------------------------------------------------------
+
+local PULL_REASONS = { ErrImagePull = true, ImagePullBackOff = true, InvalidImageName = true, ErrImageNeverPull = true }
+local FATAL_REASONS = { CreateContainerConfigError = true, CreateContainerError = true, RunContainerError = true,
+  CrashLoopBackOff = true }
+
+-- What a pod's state means for a waiting box: "ready" | nil (wait) | false, message, code.
+function M.pod_state(pod, k)
+  local st = type(pod) == "table" and pod.status or {}
+  st = type(st) == "table" and st or {}
+  if st.phase == "Failed" or st.phase == "Succeeded" then
+    return false, string.format("the pod %s: %s%s", st.phase == "Failed" and "failed" or "ended",
+      tostring(st.reason or "no reason given"), st.message and (": " .. st.message) or ""), "pod_failed"
+  end
+  for _, cs in ipairs(type(st.containerStatuses) == "table" and st.containerStatuses or {}) do
+    local w = type(cs.state) == "table" and cs.state.waiting
+    if type(w) == "table" and w.reason then
+      if PULL_REASONS[w.reason] then
+        return false, string.format("the pod cannot pull its image: %s%s", w.reason,
+          w.message and (": " .. w.message) or ""), "image_unavailable"
+      elseif FATAL_REASONS[w.reason] then
+        return false, string.format("the pod's container cannot start: %s%s", w.reason,
+          w.message and (": " .. w.message) or ""), "pod_failed"
+      end
+    end
+    local t = type(cs.state) == "table" and cs.state.terminated
+    if type(t) == "table" then
+      return false, string.format("the pod's container ended: %s (exit %s)", tostring(t.reason), tostring(t.exitCode)), "pod_failed"
+    end
+  end
+  for _, c in ipairs(type(st.conditions) == "table" and st.conditions or {}) do
+    if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" and k.fail_unschedulable then
+      return false, "the pod cannot be scheduled: Unschedulable: " .. tostring(c.message), "unschedulable"
+    end
+  end
+  if st.phase == "Running" then
+    for _, cs in ipairs(type(st.containerStatuses) == "table" and st.containerStatuses or {}) do
+      if type(cs.state) == "table" and cs.state.running then return "ready" end
+    end
+  end
+  return nil
+end
+
+-- Waiting for pods: one watch per client (cluster and namespace) for every
+-- box of this process that waits, as the Fargate backend has one poller:
+-- a hundred boxes starting at once cost the API server one watch, not a
+-- hundred. The watch selects this process's pods (label sbx.owner.pid) and
+-- starts without a resourceVersion (the current state as ADDED events,
+-- then every change); a watch that ends or breaks goes on from the last
+-- resourceVersion seen, one that expired (410) starts over. A box joins
+-- before its pod is posted, so no event of its pod can be missed.
+
+local watchers = {}              -- client -> { waiting = name -> waiter, task }
+
+local function settle(wt, w, ok, msg, code)
+  if w.result then return end
+  w.result = { ok, msg, code }
+  wt.waiting[w.name] = nil
+  w.done:set()
+end
+
+local function watch_loop(c, wt)
+  local rv
+  local selector = "sbx.owner.pid=" .. owner.identity().pid
+  while next(wt.waiting) do
+    local res, _, code = c:watch(ns_path(c, "pods"), {
+      labelSelector = selector, resourceVersion = rv, allowWatchBookmarks = "true",
+      timeoutSeconds = c.pol.watch_timeout,
+    }, function(etype, obj)
+      local meta = type(obj) == "table" and type(obj.metadata) == "table" and obj.metadata or {}
+      rv = meta.resourceVersion or rv
+      local w = meta.name and wt.waiting[meta.name]
+      if w and etype == "DELETED" then
+        settle(wt, w, false, "the pod was deleted before it ran", "pod_failed")
+      elseif w and etype ~= "BOOKMARK" then
+        w.last = obj
+        local s, m, cd = M.pod_state(obj, w.k)
+        if s ~= nil then settle(wt, w, s == "ready", m, cd) end
+      end
+      if not next(wt.waiting) then return false end
+    end)
+    if not res then
+      if code == "expired" then rv = nil end
+      if next(wt.waiting) then core.sleep(0.1) end
+    end
+  end
+end
+
+local function join_watch(c, name, k)
+  local wt = watchers[c]
+  if not wt then
+    wt = { waiting = {} }
+    watchers[c] = wt
+  end
+  local w = { name = name, k = k, done = core.event() }
+  wt.waiting[name] = w
+  if not wt.task then
+    wt.task = core.spawn(function()
+      pcall(watch_loop, c, wt)
+      wt.task = nil
+      -- Waiters that joined while the loop was ending get a new loop.
+      if next(wt.waiting) and not wt.task then join_watch(c, next(wt.waiting), k) end
+    end)
+  end
+  return w
+end
+
+local function leave_watch(c, w)
+  local wt = watchers[c]
+  if not wt then return end
+  wt.waiting[w.name] = nil
+  if not next(wt.waiting) and wt.task then
+    local t = wt.task
+    wt.task = nil
+    t:cancel()
+  end
+end
+
+-- Waits for a joined pod until it runs, fails or the deadline: true | nil,
+-- message, code.
+local function wait_ready(c, w, k, deadline)
+  if not w.done:wait(math.max(0.001, deadline - core.now())) then
+    leave_watch(c, w)
+    local st = type(w.last) == "table" and type(w.last.status) == "table" and w.last.status or {}
+    local why = st.phase or "not seen yet"
+    for _, cond in ipairs(type(st.conditions) == "table" and st.conditions or {}) do
+      if cond.status == "False" and cond.reason then
+        why = why .. ", " .. cond.type .. ": " .. cond.reason .. (cond.message and (" (" .. cond.message .. ")") or "")
+      end
+    end
+    for _, cs in ipairs(type(st.containerStatuses) == "table" and st.containerStatuses or {}) do
+      local wt = type(cs.state) == "table" and cs.state.waiting
+      if type(wt) == "table" and wt.reason then why = why .. ", " .. wt.reason end
+    end
+    return nil, string.format("the pod did not run within %gs (policy.kubernetes.start_timeout; last: %s)",
+      k.start_timeout, why), "timeout"
+  end
+  local ok, msg, code = table.unpack(w.result, 1, 3)
+  if ok then return true end
+  return nil, msg, code
+end
+
+-- Lifecycle ------------------------------------------------------------------------------------
+
+local reaped_once = false
+
+local function delete(c, kind, name, timeout)
+  return c:call("DELETE", ns_path(c, kind, name), {
+    body = { apiVersion = "v1", kind = "DeleteOptions", gracePeriodSeconds = 0, propagationPolicy = "Background" },
+    query = kind == "pods" and { gracePeriodSeconds = "0" } or nil,
+    ok = { [404] = true }, timeout = timeout,
+  })
+end
+
+local function random_name(prefix)
+  local f = io.open("/dev/urandom", "rb")
+  local b = f and f:read(6) or tostring(math.random(0))
+  if f then f:close() end
+  return prefix .. (b:gsub(".", function(x) return string.format("%02x", x:byte()) end)):sub(1, 12)
+end
+
+-- create(spec, policy) -> handle | nil, message, code
+function M.create(spec, pol)
+  local k = kspec(spec)
+  local c, err, code = get_client(k)
+  if not c then return nil, err, code end
+  if spec.reap_on_start and not reaped_once then
+    reaped_once = true
+    core.spawn(function() pcall(M.reap, { quiet = true, context = k.context, namespace = k.namespace,
+      kubeconfig = k.kubeconfig }, pol) end)
+  end
+  local name = random_name(k.name_prefix)
+  local h = { id = name, name = name, client = c, k = k, streams = {}, namespace = c.namespace }
+  local deadline = core.now() + k.start_timeout
+  local w
+  local ok, res, rerr, rcode = pcall(function()
+    if k.network == "none" then
+      local st, perr, pcode = c:call("POST", ns_path(c, "networkpolicies"), { body = netpol_body(k, name) })
+      -- (already_exists: a retried create whose first attempt went through)
+      if not st and pcode ~= "already_exists" then
+        return nil, "cannot create the NetworkPolicy that keeps the box off the network: " .. tostring(perr), pcode
+      end
+      h.netpol = true
+    end
+    w = join_watch(c, name, k)
+    local st, pod, pcode = c:call("POST", ns_path(c, "pods"), { body = pod_body(k, name) })
+    if not st then
+      if pcode == "already_exists" then
+        -- A retried create whose first attempt went through.
+        st, pod, pcode = c:call("GET", ns_path(c, "pods", name))
+      end
+      if not st then return nil, "cannot create the pod: " .. tostring(pod), pcode end
+    end
+    h.created = true
+    local s, m, cd = M.pod_state(pod, k)
+    if s == false then return nil, m, cd end
+    if s == "ready" then return true end
+    return wait_ready(c, w, k, deadline)
+  end)
+  if w and not w.result then leave_watch(c, w) end
+  if not ok or not res then
+    -- Interrupted, cancelled or failed: nothing of the box stays.
+    pcall(M.destroy, h, false, core.now() + (sbx.policy.box.destroy_timeout or 10))
+    if not ok then error(res, 0) end
+    return nil, rerr, rcode
+  end
+  return h
+end
+
+-- destroy(handle, detached, deadline): deletes the pod (gracePeriodSeconds
+-- 0) and its NetworkPolicy; nothing waits for the container to go.
+function M.destroy(h, detached, deadline)
+  if h.destroyed then return true end
+  h.destroyed = true
+  for s in pairs(h.streams) do pcall(s.close, s) end
+  local c = h.client
+  local function go()
+    local timeout = deadline and math.max(0.5, deadline - core.now()) or nil
+    local st, err, code = true, nil, nil
+    if h.created ~= false then st, err, code = delete(c, "pods", h.name, timeout) end
+    if h.netpol then delete(c, "networkpolicies", h.name, timeout) end
+    if not st then return nil, err, code end
+    return true
+  end
+  if detached then core.spawn(go) return true end
+  return go()
+end
+
+function M.restart()
+  return nil, "a pod cannot be restarted in place (restartPolicy Never); close the box and create a new one", "unsupported"
+end
+
+-- Commands over exec ------------------------------------------------------------------------------
+
+-- The command each exec runs. The exec subresource takes argv in its URL
+-- and nothing else (no directory, no environment), and a long URL does not
+-- pass every proxy (nor this websocket client, past 2 kB): so every exec
+-- runs the same short boot line, which reads a script from stdin, line by
+-- line (a shell's read takes no byte past its newline), and evals it. The
+-- script sets the directory and the environment and execs the command; what
+-- follows it on stdin is the command's own stdin. v5 ends stdin with its
+-- close signal; v4 has none, so there a command with stdin reads exactly
+-- its N bytes through head, and a command without reads /dev/null.
+local BOOT = 'IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; ' ..
+  's="$s$l\n"; n=$((n-1)); done; eval "$s"'
+
+local function shq(v) return "'" .. tostring(v):gsub("'", "'\\''") .. "'" end
+
+local function command_script(h, req, v5)
+  local lines = {}
+  if req.cwd then
+    lines[#lines + 1] = "cd -- " .. shq(req.cwd) .. " || exit 125"
+  elseif h.k.workdir then
+    lines[#lines + 1] = "cd -- " .. shq(h.k.workdir) .. " 2>/dev/null"
+  end
+  for _, kv in ipairs(req.env or {}) do lines[#lines + 1] = "export " .. shq(kv) end
+  local words = {}
+  for i, a in ipairs(req.argv) do words[i] = shq(a) end
+  local cmd = table.concat(words, " ")
+  if not req.stdin then
+    cmd = "exec " .. cmd .. " </dev/null"
+  elseif v5 then
+    cmd = "exec " .. cmd
+  else
+    cmd = "head -c " .. #req.stdin .. " | " .. cmd
+  end
+  lines[#lines + 1] = cmd
+  local script = table.concat(lines, "\n")
+  local _, newlines = script:gsub("\n", "")
+  return (newlines + 1) .. "\n" .. script .. "\n"
+end
+
+-- Reads an exec stream into a sink until it ends; sets job.exit_code or
+-- job.error. Holds back (stops reading the websocket) while a slow
+-- on_output reader has more than chunk_limit bytes queued.
+local function pump(h, job, ex, sink, req)
+  local limit = req.chunk_limit or (1 << 20)
+  local status, why
+  while true do
+    local ch, data, code = ex:recv()
+    if not ch then why, job.drop_code = data, code break end
+    if ch == 1 or ch == 2 then
+      local q = sink:push(ch == 1 and "stdout" or "stderr", data)
+      if q == nil then ex:close() h.streams[ex] = nil return end
+      if req.chunks then
+        while q and q > limit do
+          core.sleep(0.002)
+          q = sink:push("stdout", "")
+        end
+      end
+    elseif ch == 3 then
+      status = data
+    end
+  end
+  h.streams[ex] = nil
+  if status then
+    local code, err = client_mod.exit_status(status)
+    if code then
+      job.exit_code = code
+      sink:finish()
+    else
+      job.error = "the command could not run: " .. tostring(err)
+      sink:finish("exec_failed", job.error)
+    end
+    return
+  end
+  local msg = "the exec stream ended without the command's exit status: " .. tostring(why)
+  if not h.destroyed and not req.is_kill then
+    local kok, kerr = M.kill(h, job, "KILL")
+    msg = msg .. (kok and "; the command was killed" or ("; killing the command failed: " .. tostring(kerr)))
+  end
+  job.error = msg
+  sink:finish("disconnected", msg)
+end
+
+-- start(handle, req) -> job | nil, message, code
+function M.start(h, req)
+  if h.destroyed then return nil, "the box is closed", "box_gone" end
+  if req.user then
+    return nil, "the exec subresource runs commands as the container's user; a per-command user needs the agent transport", "unsupported"
+  end
+  local c = h.client
+  local ex, err, code = c:exec(h.namespace, h.name, h.k.container, { "sh", "-c", BOOT },
+    { stdin = true, timeout = req.deadline and math.max(1, req.deadline - core.now()) or nil })
+  if not ex then
+    if code == "not_found" then return nil, "the box's pod is gone (" .. tostring(err) .. ")", "box_gone" end
+    return nil, err, code
+  end
+  h.streams[ex] = true
+  local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
+  local job = { stream = sink, marker = req.marker, ex = ex }
+  local script = command_script(h, req, ex.v5)
+  if not req.stdin or #req.stdin <= h.k.stdin_chunk then
+    ex:send_stdin(script .. (req.stdin or ""))
+    if ex.v5 then ex:close_stdin() end
+  else
+    ex:send_stdin(script)
+    core.spawn(function()
+      local chunk = h.k.stdin_chunk
+      for pos = 1, #req.stdin, chunk do
+        if not ex:send_stdin(req.stdin:sub(pos, pos + chunk - 1)) then return end
+        while ex:buffered() > 4 * chunk do core.sleep(0.002) end
+      end
+      -- v5 ends stdin here; on v4 head has read exactly its bytes.
+      if ex.v5 then ex:close_stdin() end
+    end)
+  end
+  core.spawn(pump, h, job, ex, sink, req)
+  return job
+end
+
+-- finish(handle, job) -> exit_code | nil, message, code
+function M.finish(_, job)
+  if job.exit_code then return job.exit_code end
+  return nil, job.error or "the command ended without an exit status", "no_exit_code"
+end
+
+-- kill(handle, job, signal, deadline) -> true | nil, message, code: box.lua's
+-- in-box kill, as another exec.
+function M.kill(h, job, signal, deadline)
+  local req = require("sbx.box").kill_request(signal, job)
+  req.is_kill = true
+  local kjob, err, code = M.start(h, req)
+  if not kjob then return nil, err, code end
+  local left = deadline and math.max(0.1, deadline - core.now()) or h.k.kill_timeout
+  if kjob.stream:wait(left) ~= "eof" then
+    kjob.ex:close()
+    return nil, "the kill command did not finish in time", "timeout"
+  end
+  if kjob.exit_code ~= 0 then
+    return nil, string.format("the kill command failed (exit %s): %s", tostring(kjob.exit_code),
+      tostring(kjob.error or kjob.stream:captured("stderr"))), "kill_failed"
+  end
+  return true
+end
+
+-- The agent's channel ------------------------------------------------------------------------------
+
+-- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra | nil,
+-- reason, code. One exec stream without a TTY runs a small sh loader: it
+-- says the pod's architecture, reads a length line and exactly that many
+-- bytes (a fresh sbx-agent, into a new private directory: a copy left in
+-- the box is never trusted), and execs it. The stream's stdin and stdout
+-- are then the agent's channel: 8-bit clean, and its pipes belong to the
+-- agent as an attached Docker exec's do, so frames go without tags
+-- (mac = false), as on Docker.
+local AGENT_READY = "__SBXAGENT_"
+function M.agent_channel(h, opts)
+  local script = 'printf "' .. AGENT_READY .. '%s__\\n" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
+    'd=$(mktemp -d 2>/dev/null) || exit 125; head -c "$n" > "$d/a" && chmod 700 "$d/a" && ' ..
+    'printf "' .. AGENT_READY .. 'go__\\n" && exec "$d/a"'
+  local c = h.client
+  local ex, err, code = c:exec(h.namespace, h.name, h.k.container, { "sh", "-c", script },
+    { stdin = true, timeout = math.max(1, opts.deadline - core.now()) })
+  if not ex then return nil, err, code end
+  h.streams[ex] = true
+  local limit = opts.pol.agent.channel_buffer
+  local sink = core.stream.sink { chunks = true, chunk_limit = limit,
+    capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 4096, tail = 0 } } }
+  local said, placed = "", false
+  local ready, go = core.event(), core.event()
+  core.spawn(function()
+    local why
+    while true do
+      local ch, data, rcode = ex:recv()
+      if not ch then why = data break end
+      if ch == 1 then
+        if placed then
+          local q = sink:push("stdout", data)
+          if q == nil then break end
+          while q and q > limit do core.sleep(0.001) q = sink:push("stdout", "") end
+        else
+          said = said .. data
+          if said:find(AGENT_READY .. "[%w_]+__\n") then ready:set() end
+          local g = said:find(AGENT_READY .. "go__\n", 1, true)
+          if g then
+            placed = true
+            local rest = said:sub(g + #AGENT_READY + 5)
+            if #rest > 0 then sink:push("stdout", rest) end
+            go:set()
+          end
+          if #said > 4096 then ready:set() go:set() end
+        end
+      elseif ch == 2 then
+        sink:push("stderr", data)
+      elseif ch == 3 then
+        why = "the agent ended: " .. data:sub(1, 200)
+      end
+      local _ = rcode
+    end
+    h.streams[ex] = nil
+    ready:set()
+    go:set()
+    if not sink:info().eof then sink:finish("agent_lost", why or "the exec stream ended") end
+  end)
+  local function fail(msg, fcode) ex:close() return nil, msg, fcode or "agent_unavailable" end
+  ready:wait(math.max(0.001, opts.deadline - core.now()))
+  local arch = said:match(AGENT_READY .. "([%w_]+)__\n")
+  if not arch then return fail("the agent's loader did not start: " .. said:sub(1, 200) .. (sink:captured("stderr") or "")) end
+  local bin = core.agent.binary(arch)
+  if not bin then return fail("this build of sbx carries no agent for " .. arch, "unsupported") end
+  ex:send_stdin(#bin .. "\n")
+  local chunk = 256 * 1024
+  for pos = 1, #bin, chunk do ex:send_stdin(bin:sub(pos, pos + chunk - 1)) end
+  -- Nothing more goes in until the loader has read exactly the agent's
+  -- bytes (busybox head reads ahead through stdio and would eat the key).
+  go:wait(math.max(0.001, opts.deadline - core.now()))
+  if not placed then return fail("the agent's loader did not finish: " .. said:sub(1, 200) .. (sink:captured("stderr") or "")) end
+  local ch = {}
+  function ch.write(_, bytes)
+    if sink:info().eof then return nil, "the exec stream ended" end
+    local ok, werr = ex:send_stdin(bytes)
+    if not ok then return nil, werr end
+    return ex:buffered()
+  end
+  function ch.wait(_, timeout) return sink:wait(timeout) end
+  function ch.take(_, raw) return sink:take(raw) end
+  function ch.info() return sink:info() end
+  function ch.captured(_, name) return sink:captured(name) end
+  function ch.close()
+    ex:close()
+    h.streams[ex] = nil
+    if not sink:info().eof then sink:finish() end
+  end
+  return ch, false, {}
+end
+
+-- Reaper ------------------------------------------------------------------------------------------
+
+-- reap(opts) -> { removed = {...}, kept = n } | nil, message, code: removes
+-- sbx pods (label sbx=1) of the namespace whose owner process is gone (same
+-- host), whose deadline has passed, or that ended (activeDeadlineSeconds),
+-- and every sbx NetworkPolicy whose pod is gone. opts: context, namespace,
+-- kubeconfig, all, dry_run.
+function M.reap(opts)
+  opts = opts or {}
+  local k = kspec { context = opts.context, namespace = opts.namespace, kubeconfig = opts.kubeconfig }
+  local c, err, code = get_client(k)
+  if not c then return nil, err, code end
+  local st, list, lcode = c:call("GET", ns_path(c, "pods"), { query = { labelSelector = "sbx=1" } })
+  if not st then return nil, list, lcode end
+  local report, tasks, live = { removed = {}, kept = 0 }, {}, {}
+  local now = os.time()
+  for _, p in ipairs(type(list) == "table" and list.items or {}) do
+    local meta = p.metadata or {}
+    local tags = {}
+    for key, v in pairs(meta.annotations or {}) do tags[key] = v end
+    for key, v in pairs(meta.labels or {}) do tags[key] = tags[key] or v end
+    local phase = p.status and p.status.phase
+    local dead = owner.reap_reason(tags, opts, now)
+    if not dead and (phase == "Failed" or phase == "Succeeded") then
+      dead = "ended (" .. tostring(p.status.reason or phase) .. ")"
+    end
+    if dead then
+      report.removed[#report.removed + 1] = { id = meta.uid, name = meta.name, reason = dead }
+      if not opts.dry_run then
+        tasks[#tasks + 1] = core.spawn(function()
+          delete(c, "pods", meta.name)
+          delete(c, "networkpolicies", meta.name)
+        end)
+      end
+    else
+      live[meta.name] = true
+      report.kept = report.kept + 1
+    end
+  end
+  local pst, pols = c:call("GET", ns_path(c, "networkpolicies"), { query = { labelSelector = "sbx=1" } })
+  for _, np in ipairs(pst and type(pols) == "table" and pols.items or {}) do
+    local meta = np.metadata or {}
+    local name = meta.name
+    local listed = false
+    for _, r in ipairs(report.removed) do if r.name == name then listed = true end end
+    local tags = {}
+    for key, v in pairs(meta.annotations or {}) do tags[key] = v end
+    for key, v in pairs(meta.labels or {}) do tags[key] = tags[key] or v end
+    -- A policy is made before its pod: only its own owner's end frees it.
+    local dead = name and not live[name] and not listed and owner.reap_reason(tags, opts, now)
+    if dead then
+      report.removed[#report.removed + 1] = { id = meta.uid, name = name, reason = "NetworkPolicy: " .. dead }
+      if not opts.dry_run then tasks[#tasks + 1] = core.spawn(delete, c, "networkpolicies", name) end
+    end
+  end
+  for _, t in ipairs(tasks) do t:join() end
+  return report
+end
+
+return M

@@ -1,0 +1,104 @@
+-- The Kubernetes stand-in (scripts/k8s-standin) for tests: one per test
+-- file, on a free port, with its own CA, client certificate and kubeconfig
+-- in a private directory, and a watcher that stops it (SIGTERM: it removes
+-- its containers) as soon as the test process is gone, however it ends.
+local sbx = require "sbx"
+local K = {}
+
+local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function slurp(path)
+  local f = io.open(path)
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+K.slurp = slurp
+
+function K.write(path, text, mode)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  if mode then os.execute("chmod " .. mode .. " " .. shq(path)) end
+end
+
+local Standin = {}
+Standin.__index = Standin
+
+local function helper_call(self, path, body)
+  return require("sbx.httpc").json { url = self.url .. path, json = body, ca_file = self.files.ca, timeout = 30 }
+end
+
+-- s:state() -> GET /_standin/state, decoded
+function Standin:state() return helper_call(self, "/_standin/state") end
+-- s:faults(t) -> the switches after the change
+function Standin:faults(t) return helper_call(self, "/_standin/faults", sbx.json.object(t or {})) end
+-- s:tokens(list): the bearer tokens the server accepts from now on
+function Standin:tokens(list) return helper_call(self, "/_standin/tokens", { tokens = sbx.json.array(list) }) end
+function Standin:log() return slurp(self.files.err) or "" end
+
+-- s:stop() -> exit status: SIGTERM, then wait for the process to be gone.
+function Standin:stop(timeout)
+  if self.status ~= nil then return self.status end
+  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+  local deadline = sbx.now() + (timeout or 30)
+  while sbx.now() < deadline do
+    local rc = slurp(self.files.rc)
+    if rc and rc:match("%d") then
+      self.status = tonumber(rc:match("%d+"))
+      os.execute("rm -rf " .. shq(self.base))
+      return self.status
+    end
+    sbx.sleep(0.05)
+  end
+  return nil, "timeout"
+end
+
+--[[
+K.standin([args]) -> standin | nil, message. args: a list of extra
+arguments (fault flags, --token T, ...). The standin has .url, .port, .pid,
+.kubeconfig (its own, with the client certificate), .dir (ca.crt,
+client.crt, client.key), .files, :state(), :faults(t), :tokens(list),
+:log(), :stop().
+]]
+function K.standin(args)
+  args = args or {}
+  local base = os.tmpname()
+  os.remove(base)
+  assert(os.execute("mkdir -m 700 -p " .. shq(base)))
+  local files = { out = base .. "/out", err = base .. "/err", pid = base .. "/pid", rc = base .. "/rc",
+    ca = base .. "/certs/ca.crt", kubeconfig = base .. "/kubeconfig" }
+  local argv = { shq(os.getenv("SBX_K8S_STANDIN") or "scripts/k8s-standin"), "--port", "0",
+    "--dir", shq(base .. "/certs"), "--kubeconfig", shq(files.kubeconfig) }
+  for _, a in ipairs(args) do argv[#argv + 1] = shq(a) end
+  local watcher = string.format([[
+%s >%s 2>%s & s=$!
+echo $s >%s
+( while kill -0 %d 2>/dev/null; do sleep 0.5; done; kill -TERM $s 2>/dev/null ) & w=$!
+wait $s; echo $? >%s.tmp; mv %s.tmp %s
+kill $w 2>/dev/null]],
+    table.concat(argv, " "), shq(files.out), shq(files.err), shq(files.pid), sbx.core.pid(),
+    shq(files.rc), shq(files.rc), shq(files.rc))
+  os.execute("sh -c " .. shq(watcher) .. " >/dev/null 2>&1 </dev/null &")
+  local pid, url
+  local deadline = sbx.now() + 60
+  while sbx.now() < deadline do
+    pid = pid or tonumber((slurp(files.pid) or ""):match("%d+"))
+    url = (slurp(files.out) or ""):match("^(https://[^\n]+)\n")
+    if pid and url then break end
+    local rc = slurp(files.rc)
+    if rc and rc:match("%d") then
+      return nil, "k8s-standin exited (" .. rc:match("%d+") .. ") before it was ready: " .. (slurp(files.err) or "")
+    end
+    sbx.sleep(0.05)
+  end
+  if not url then
+    if pid then os.execute("kill -TERM " .. pid .. " 2>/dev/null") end
+    return nil, "k8s-standin printed no URL within 60 s: " .. (slurp(files.err) or "")
+  end
+  return setmetatable({ url = url, port = tonumber(url:match(":(%d+)$")), pid = pid, base = base,
+    kubeconfig = files.kubeconfig, dir = base .. "/certs", files = files }, Standin)
+end
+
+return K
