@@ -1,7 +1,7 @@
 -- Warm pools (sbx.pool) on the daemon-free fake backend: the contract,
 -- taking, never twice, bounded creation, backoff on a failing backend,
--- retirement by age, resize, close and drain, the exit hook and spec
--- matching. tests/pool_docker_test.lua has real boxes.
+-- retirement by age, resize, close and drain, the exit hook, spec matching
+-- and the harness with a pool. tests/pool_docker_test.lua has real boxes.
 package.loaded["sbx.backends.fake"] = require "fake_backend"
 local tap = require "tap"
 local H = require "helper"
@@ -288,6 +288,53 @@ do
   tap.ok(not pool:matches(with { backend = "nil" }), "another backend does not")
   tap.checkerr("matches expects a table", pool.matches, pool, "x")
   pool:close()
+end
+
+-- The harness takes from a pool ------------------------------------------------------------
+
+do
+  local labels = {}
+  local function run(box, task)
+    labels[task.id] = fake.made[box.id].labels
+    return box:exec("true")
+  end
+  local tasks = {}
+  for i = 1, 6 do tasks[i] = { id = "t" .. i, run = run } end
+  tasks[7] = { id = "own", box = { memory = 128 * 2 ^ 20 }, run = run }
+  tasks[8] = { id = "same", box = { image = sbx.policy.box.image }, run = run }
+  local s = sbx.harness.run { tasks = tasks, concurrency = 3, pool = 2, progress = "none", box = { backend = "fake" } }
+  tap.is(s.passed, 8, "every task passed")
+  tap.ok(s.pool ~= nil, "the summary has the pool")
+  tap.is(s.pool.taken, 7, "tasks whose options equal the run's took pooled boxes")
+  tap.is(s.pool.fresh, 1, "the task with its own box options made its own")
+  tap.ok(labels.t1 and labels.t1["sbx.pool"] ~= nil and labels.t1["sbx.task"] == nil, "a pooled box has the pool label, no task label")
+  tap.ok(labels.own and labels.own["sbx.task"] == "own" and labels.own["sbx.pool"] == nil, "a fresh box has its task label")
+  tap.is(s.pool.created, s.pool.taken + s.pool.retired, "every box made was taken or retired")
+  tap.is(s.pool.retired, 0, "no box was made that no task took")
+  tap.like(sbx.harness.format_summary(s), "pool%s+2: 7 task%(s%) took a ready box, 1 made their own", "the summary says so")
+  local left = 0
+  for _, h in pairs(fake.live) do if h.labels and h.labels["sbx.pool"] then left = left + 1 end end
+  tap.is(left, 0, "no pooled box is left after the run")
+
+  s = sbx.harness.run { tasks = { { id = "a", run = "true" } }, pool = 0, progress = "none", box = { backend = "fake" } }
+  tap.is(s.pool, nil, "pool = 0: no pool")
+  tap.checkerr("pool must be an integer >= 0", sbx.harness.run, { tasks = { { id = "a", run = "true" } }, pool = -1, progress = "none" })
+
+  -- A pool that fails fails the tasks that take from it, with its reason.
+  s = sbx.harness.run { tasks = { { id = "a", run = "true" }, { id = "b", run = "true" } }, pool = 2, progress = "none",
+    box = { backend = "fake", create_fail = function() return "no such image", "image_unavailable" end } }
+  tap.is(s.errors, 2, "a failing pool: the tasks are errors")
+  tap.is(s.results[1].code, "image_unavailable", "with the creation's code")
+end
+
+-- The command line -----------------------------------------------------------------------
+
+do
+  local out, code = H.sh(H.sbx_bin .. " eval /nonexistent.jsonl --pool -1")
+  tap.is(code, 2, "eval --pool -1 is a usage error")
+  tap.like(out, "%-%-pool must be an integer >= 0", "and says so")
+  out, code = H.sh(H.sbx_bin .. " eval /nonexistent.jsonl --pool")
+  tap.is(code, 2, "eval --pool without a value is a usage error")
 end
 
 -- At exit: pools drain before the open boxes go ------------------------------------------
