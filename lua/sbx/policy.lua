@@ -226,7 +226,8 @@ policy.pool = {
   -- their default spec; 0: no pool, every task or session makes its own.
   -- A task whose box options differ from the pool's gets a fresh box.
   size = 0,
-  -- Creations in flight per pool; one at a time while creations fail.
+  -- Creations in flight per pool (more only while more takers wait with
+  -- nothing ready: one each); one at a time while creations fail.
   create_concurrency = 4,
   -- After the k-th failed creation in a row the next one waits
   -- min(max, base * 2^(k-1)) seconds: a failing image never loops hot.

@@ -9,9 +9,11 @@
 -- What a pool promises:
 --   * A box is handed out once. The taker owns it: box:close() destroys it
 --     and never gives it back; the pool makes another in the background.
---   * Creation is bounded: at most policy.pool.create_concurrency boxes are
---     being made at once, and the pool aims at `size` ready boxes plus one
---     for every taker waiting. After a failed creation it makes one box at
+--   * Creation is bounded: the pool aims at `size` ready boxes plus one for
+--     every taker waiting, with at most policy.pool.create_concurrency
+--     creations at once, or one per waiting taker when more wait (as many
+--     as those takers would make on their own: a pool never makes a caller
+--     queue behind its bound). After a failed creation it makes one box at
 --     a time, min(backoff.max, backoff.base * 2^(k-1)) seconds after the
 --     k-th failure in a row: a failing image never loops hot.
 --   * take() answers at once with a ready box; else it waits for the next
@@ -216,7 +218,10 @@ local function keep(self)
         local left = self.backoff_until - now
         if not due or left < due then due = left end
       else
-        local limit = self.failing > 0 and 1 or knob(self, "create_concurrency")
+        -- Takers waiting with nothing ready get one creation each, as if
+        -- each made its own box: the pool never makes them queue behind
+        -- its bound.
+        local limit = self.failing > 0 and 1 or math.max(knob(self, "create_concurrency"), #self.waiters)
         while want > 0 and self.creating < limit do
           self.creating = self.creating + 1
           background(self.creators, create, self)
