@@ -106,6 +106,7 @@ end
 -- boxes are still being made), then does `after`. Returns pid, pool id.
 local function child(name, ready, after)
   local script, idfile = dir .. "/" .. name .. ".lua", dir .. "/" .. name .. ".id"
+  os.remove(idfile)
   write(script, string.format([[
 local sbx = require "sbx"
 local pool = assert(sbx.pool { size = 3, box = { image = %q } })
@@ -142,7 +143,7 @@ do
   gone_after_exit(pid, id, "SIGINT with 3 ready")
 
   for _, delay in ipairs { 0.05, 0.15, 0.3 } do
-    pid, id = child("sigint-early", 0, "sbx.sleep(120)")
+    pid, id = child(string.format("sigint-early-%d", math.floor(delay * 100)), 0, "sbx.sleep(120)")
     sbx.sleep(delay)
     H.sh("kill -INT " .. pid)
     gone_after_exit(pid, id, string.format("SIGINT %.2f s into making the boxes", delay))
