@@ -10,12 +10,21 @@
 -- Isolation: every option is enforced ("daemon") unless the box option
 -- `isolation` says otherwise: { pids = false } (not enforceable), or
 -- { disk = { enforced = "watched", note = "..." } }.
+-- Creation: the box option `create_delay` (seconds) makes create wait that
+-- long (a cancel or a signal during it makes nothing); `create_fail`, a
+-- function(n) called with the attempt's number, makes it fail when it
+-- returns a message (and a code). M.attempts lists every attempt's start
+-- ({ at = core.now() }), M.live the handles made and not destroyed,
+-- M.creating / M.peak_creating the creations in flight and their peak,
+-- M.made every handle made (id -> handle, with the box's labels and
+-- created_at = core.now() when create returned).
 local core = require "sbx.core"
 
-local M = { started = {}, killed = {}, created = 0 }
+local M = { started = {}, killed = {}, created = 0, attempts = {}, live = {}, made = {}, creating = 0, peak_creating = 0 }
 
 function M.options(check)
-  return { respond = check.FN, isolation = check.map(check.ANY) }
+  return { respond = check.FN, isolation = check.map(check.ANY), create_delay = check.num { ge = 0 },
+    create_fail = check.FN }
 end
 
 function M.limits(spec)
@@ -32,13 +41,30 @@ end
 local n = 0
 
 function M.create(spec)
+  M.attempts[#M.attempts + 1] = { at = core.now() }
+  local attempt = #M.attempts
+  if spec.create_delay or spec.create_fail then
+    M.creating = M.creating + 1
+    M.peak_creating = math.max(M.peak_creating, M.creating)
+    local ok, err = pcall(core.sleep, spec.create_delay or 0)
+    M.creating = M.creating - 1
+    if not ok then error(err, 0) end
+    local msg, code
+    if spec.create_fail then msg, code = spec.create_fail(attempt) end
+    if msg then return nil, msg, code or "create_failed" end
+  end
   M.created = M.created + 1
   n = n + 1
-  return { id = string.format("fake%04d", n), respond = spec.respond or function() return {} end, jobs = {} }
+  local h = { id = string.format("fake%04d", n), respond = spec.respond or function() return {} end, jobs = {},
+    labels = spec.labels, created_at = core.now() }
+  M.live[h.id] = h
+  M.made[h.id] = h
+  return h
 end
 
 function M.destroy(h)
   h.destroyed = true
+  M.live[h.id] = nil
   return true
 end
 

@@ -175,8 +175,14 @@ function Box:__gc()
   end
 end
 
+-- Functions close_all runs first, before it reads the open set: sbx.pool
+-- stops its creations there (a box a pool was still making would land in
+-- the set after it was emptied) and drains its boxes.
+M.before_close_all = {}
+
 -- At exit: every open box at once, all within one destroy_timeout.
 function M.close_all()
+  for _, f in ipairs(M.before_close_all) do pcall(f) end
   local tasks = {}
   local deadline = core.now() + sbx.policy.box.destroy_timeout
   for id, b in pairs(open) do

@@ -35,14 +35,20 @@ commands:
 
   mcp [--backend B] [--image I]
                          serve the tools over MCP (stdio, JSON-RPC 2.0); one
-                         box per session, created at the first tool call
+                         box per session, created at the first tool call, or
+                         taken from a pool made at start when policy.pool.size
+                         is above 0
   eval TASKS [--concurrency N] [--backend B] [--image I] [--out FILE]
-       [--report FILE]   run evaluation tasks (TASKS: a .jsonl file, one JSON
+       [--report FILE] [--pool N]
+                         run evaluation tasks (TASKS: a .jsonl file, one JSON
                          task per line, or a .lua file returning a list), each
                          in its own box; results as JSON Lines in --out (tasks
                          already passed/failed there are skipped), an HTML
-                         report with --report. Exit 0 when every task ran,
-                         1 on errors or interrupt, 2 on usage errors
+                         report with --report; --pool N keeps N boxes made
+                         ahead for tasks that set no box options of their own
+                         (default policy.pool.size; 0: none). Exit 0 when
+                         every task ran, 1 on errors or interrupt, 2 on usage
+                         errors
 
 options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
@@ -324,6 +330,10 @@ function commands.eval(args)
     elseif a == "--image" then if not need() then return 2 end opts.box.image = v
     elseif a == "--out" then if not need() then return 2 end opts.out = v
     elseif a == "--report" then if not need() then return 2 end report = v
+    elseif a == "--pool" then
+      if not need() then return 2 end
+      opts.pool = math.tointeger(tonumber(v))
+      if not opts.pool or opts.pool < 0 then err("eval: --pool must be an integer >= 0") return 2 end
     elseif a:sub(1, 2) == "--" then err("eval: unknown option ", a) return 2
     elseif file then err("eval: one task file only (got ", file, " and ", a, ")") return 2
     else file = a; i = i + 1 end

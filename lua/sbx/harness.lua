@@ -13,6 +13,7 @@
 --     concurrency = 8, box = { image = "sbx-busybox:latest" },
 --     out = "results.jsonl",            -- appended as each task ends; resumable
 --     progress = "auto",                -- "tty" (one live line), "plain", "none"
+--     pool = 8,                         -- warm boxes (default policy.pool.size; 0: none)
 --   }
 --   print(summary.passed, summary.failed, summary.errors, summary.interrupted)
 --
@@ -25,8 +26,15 @@
 -- task starts, finished results stay in the file, every box is closed and
 -- the summary says interrupted = true.
 --
+-- With a pool (opts.pool, else policy.pool.size; 0: none) a task whose
+-- box options equal the run's (no task box, or one that resolves to the
+-- same spec: pool:matches) takes a box made ahead of it from a warm pool
+-- (sbx.pool); any other task makes its own. A pooled box has no sbx.task
+-- label. summary.pool counts both.
+--
 -- Command line: sbx eval TASKS.jsonl|TASKS.lua [--concurrency N]
 --   [--backend B] [--image I] [--out results.jsonl] [--report report.html]
+--   [--pool N]
 local M = {}
 
 local function lib() return require "sbx" end   -- loaded lazily: init.lua requires us
@@ -306,21 +314,32 @@ local function task_box_error(pol, base, task_box)
   end
 end
 
+-- The options of a task's box: the run's (opts.box, opts.backend), then
+-- what the task may set of its own. Without a task: the run's, which a
+-- pool's boxes are made with.
 local function box_options(sbx, opts, task)
   local spec = {}
   for k, v in pairs(opts.box or {}) do spec[k] = v end
   if opts.backend then spec.backend = opts.backend end
-  if task.box then
+  if task and task.box then
     local base = sbx.merge_policy(sbx.deep_copy(sbx.policy.box), spec)
     local msg = task_box_error(sbx.policy, base, task.box)
     if msg then infra(msg, "bad_task") end
     for k, v in pairs(task.box) do spec[k] = v end
   end
+  return spec
+end
+
+-- A fresh box's options also carry the task's id (label sbx.task); a box
+-- taken from a pool was made before its task was known and has none.
+local function labelled(spec, task)
+  local out = {}
+  for k, v in pairs(spec) do out[k] = v end
   local labels = {}
   for k, v in pairs(spec.labels or {}) do labels[k] = v end
   labels["sbx.task"] = tostring(task.id)
-  spec.labels = labels
-  return spec
+  out.labels = labels
+  return out
 end
 
 local function sorted_keys(t)
@@ -375,9 +394,36 @@ local function is_interrupt(e)
   return type(e) == "string" and (e:match("^interrupted") or e:match("^cancelled")) ~= nil
 end
 
+-- The task's box: taken from the run's pool when its options equal the
+-- pool's (pool:matches: resolved under the policy, compared deeply), else
+-- made fresh. Raises infra errors.
+local function task_box(sbx, opts, task, pooling)
+  local spec = box_options(sbx, opts, task)
+  if pooling and pooling.pool:matches(spec) then
+    -- At most this many more takes come: the pool keeps no more ready.
+    pooling.left = pooling.left - 1
+    pooling.pool:resize(math.min(pooling.size, math.max(pooling.left, 0)))
+    local b, err, code = pooling.pool:take()
+    if not b then infra(err, code) end
+    pooling.taken = pooling.taken + 1
+    return b
+  end
+  if pooling then pooling.fresh = pooling.fresh + 1 end
+  local bok, b, err, code = pcall(sbx.box, labelled(spec, task))
+  if not bok then
+    -- A bad option (a typo, a wrong type) in the task's box is the task's
+    -- fault; anything else (an interrupt) goes on up.
+    local msg = type(b) == "string" and b:match("sbx%.box: (.*)$")
+    if not msg then error(b, 0) end
+    infra(msg, "bad_task")
+  end
+  if not b then infra(err, code) end
+  return b
+end
+
 -- Runs one task: always returns a result (nil + "interrupted" when a signal
 -- stopped it before it finished). The box is always closed.
-local function run_task(sbx, opts, task, t_run0)
+local function run_task(sbx, opts, task, t_run0, pooling)
   local res = ordered({
     id = task.id,
     started_at = os.date("!%Y-%m-%dT%H:%M:%SZ"),
@@ -387,15 +433,7 @@ local function run_task(sbx, opts, task, t_run0)
   local t0 = sbx.now()
   local box
   local ok, verdict = pcall(function()
-    local bok, b, err, code = pcall(sbx.box, box_options(sbx, opts, task))
-    if not bok then
-      -- A bad option (a typo, a wrong type) in the task's box is the task's
-      -- fault; anything else (an interrupt) goes on up.
-      local msg = type(b) == "string" and b:match("sbx%.box: (.*)$")
-      if not msg then error(b, 0) end
-      infra(msg, "bad_task")
-    end
-    if not b then infra(err, code) end
+    local b = task_box(sbx, opts, task, pooling)
     box = b
     return task_body(sbx, b, task, res)
   end)
@@ -452,6 +490,10 @@ function M.format_summary(s)
   if s.skipped > 0 and s.overall then
     add("%-12s %d passed, %d failed, %d error (with earlier results)", "overall",
       s.overall.passed, s.overall.failed, s.overall.errors)
+  end
+  if s.pool then
+    add("%-12s %d: %d task(s) took a ready box, %d made their own; %d box(es) made, %d unused, %d creation failure(s)",
+      "pool", s.pool.size, s.pool.taken, s.pool.fresh, s.pool.created, s.pool.retired, s.pool.failures)
   end
   add("%-12s %s", "wall time", fmt_time(s.wall_time))
   add("%-12s median %s, p90 %s", "task time", fmt_time(s.median), fmt_time(s.p90))
@@ -514,6 +556,31 @@ function M.run(opts)
     end
   end
 
+  -- A warm pool for the tasks whose box is the run's own (opts.pool, else
+  -- policy.pool.size; 0: none): sized to at most those tasks, shrinking as
+  -- they start, so no box is made that no task takes. A pool that cannot
+  -- be made leaves every task to make its own box, and say why.
+  local pooling
+  local pool_size = opts.pool
+  if pool_size == nil then pool_size = sbx.policy.pool.size end
+  if math.type(pool_size) ~= "integer" or pool_size < 0 then error("pool must be an integer >= 0", 2) end
+  if pool_size > 0 and #pending > 0 then
+    local pok, pool = pcall(sbx.pool, { size = pool_size, box = box_options(sbx, opts, nil) })
+    if pok and pool then
+      local matching = 0
+      for _, t in ipairs(pending) do
+        local bok, spec = pcall(box_options, sbx, opts, t)
+        if bok and pool:matches(spec) then matching = matching + 1 end
+      end
+      if matching > 0 then
+        pool:resize(math.min(pool_size, matching))
+        pooling = { pool = pool, size = pool_size, left = matching, taken = 0, fresh = 0 }
+      else
+        pool:close()
+      end
+    end
+  end
+
   local t_run0 = sbx.now()
   local signals0 = core.signals()
   local results = {}
@@ -565,7 +632,7 @@ function M.run(opts)
 
   local function worker(task)
     state.running = state.running + 1
-    local ok, r, why = pcall(run_task, sbx, opts, task, t_run0)
+    local ok, r, why = pcall(run_task, sbx, opts, task, t_run0, pooling)
     state.running = state.running - 1
     sem:release()
     if not ok then
@@ -611,6 +678,14 @@ function M.run(opts)
   end
   if out_file then out_file:close() end
   if progress == "tty" and total > 0 then err_out:write("\n") end
+  local pool_summary
+  if pooling then
+    -- The boxes no task took go now, not at exit.
+    pcall(pooling.pool.close, pooling.pool)
+    local st = pooling.pool:stats()
+    pool_summary = { size = pooling.size, taken = pooling.taken, fresh = pooling.fresh,
+      created = st.created, retired = st.retired, failures = st.failures, last_error = st.last_error }
+  end
 
   local durations, by_time = {}, {}
   for i, r in ipairs(results) do
@@ -640,6 +715,7 @@ function M.run(opts)
     results = results,
     previous = previous,
     out = opts.out,
+    pool = pool_summary,
   }
   -- Every result for the task list: this run's, then earlier ones not rerun.
   local all, have = {}, {}

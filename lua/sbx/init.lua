@@ -193,6 +193,7 @@ local box = require "sbx.box"
 box.init(sbx)
 
 sbx.box = box.new
+sbx.pool = require("sbx.pool").new
 sbx.boxes = box.open_boxes
 sbx.reap = box.reap
 

@@ -61,8 +61,20 @@ function M.serve(opts)
     send { id = id == nil and json.null or id, error = { code = code, message = message } }
   end
 
-  -- The session's box, made by the first call that needs it; calls that
-  -- arrive while it is being made wait for it instead of making their own.
+  -- With policy.pool.size above 0 the box is made ahead, while the client
+  -- starts up: a warm pool of that size for the session's box spec, taken
+  -- from at the first call and drained when the session ends. A pool that
+  -- cannot be made leaves the box to be made at the first call, which then
+  -- says why.
+  local pool
+  if sbx.policy.pool.size > 0 then
+    local ok, p = pcall(sbx.pool, { size = sbx.policy.pool.size, box = opts.box or {} })
+    if ok then pool = p end
+  end
+
+  -- The session's box, made by the first call that needs it (or taken from
+  -- the pool); calls that arrive while it is being made wait for it
+  -- instead of making their own.
   local function get_box()
     while not box do
       if creating then
@@ -70,7 +82,12 @@ function M.serve(opts)
       else
         local ev = sbx.event()
         creating = ev
-        local ok, b, err = pcall(sbx.box, opts.box or {})
+        local ok, b, err
+        if pool then
+          ok, b, err = pcall(pool.take, pool)
+        else
+          ok, b, err = pcall(sbx.box, opts.box or {})
+        end
         creating = nil
         ev:set()
         if not ok then error(b, 0) end
@@ -218,6 +235,7 @@ function M.serve(opts)
   end
   for _, t in pairs(inflight) do pcall(t.join, t) end
   if box then box:close() end
+  if pool then pool:close() end
   if not ok then error(err, 0) end
   return 0
 end

@@ -291,6 +291,28 @@ policy.harness = {
   task_box_options = { "image", "workdir", "env", "memory", "cpus", "pids", "disk", "read_only", "lifetime" },
 }
 
+-- Warm pools (sbx.pool): boxes of one spec made ahead, so a taker gets one
+-- at once. sbx.pool{} may override every knob here but size for its pool.
+policy.pool = {
+  -- Boxes `sbx eval` (also --pool N) and `sbx mcp` keep ready for boxes of
+  -- their default spec; 0: no pool, every task or session makes its own.
+  -- A task whose box options differ from the pool's gets a fresh box.
+  size = 0,
+  -- Creations in flight per pool (more only while more takers wait with
+  -- nothing ready: one each); one at a time while creations fail.
+  create_concurrency = 4,
+  -- After the k-th failed creation in a row the next one waits
+  -- min(max, base * 2^(k-1)) seconds: a failing image never loops hot.
+  backoff = { base = 0.5, max = 30 },
+  -- Seconds a ready box may wait before it is replaced (nil: no limit but
+  -- the lifetime rule below).
+  max_age = nil,
+  -- A ready box is replaced once less than this part of its lifetime
+  -- (policy.box.lifetime, counted from its creation) is left, so a taker
+  -- always gets at least that much of it: 0.25 of 24 h is 6 h.
+  lifetime_margin = 0.25,
+}
+
 -- Free for a policy's own data (a log path, a deny list): sbx never reads it.
 policy.user = {}
 

@@ -152,6 +152,13 @@ local RULES = {
   ["images.parallel"] = int { gt = 0 },
   ["images.lock_timeout"] = POS,
   ["harness.concurrency"] = int { gt = 0 },
+  ["pool.size"] = int { ge = 0 },
+  ["pool.create_concurrency"] = int { gt = 0 },
+  ["pool.backoff"] = rule({ "table" }, { fields = { base = POS, max = POS } }),
+  ["pool.max_age"] = maybe(num { gt = 0 }),
+  ["pool.lifetime_margin"] = num { gt = 0, check = function(v)
+    if v >= 1 then return "must be below 1 (a part of the lifetime)" end
+  end },
   ["harness.task_box_options"] = list(str()),
   ["fargate.region"] = maybe(str()),
   ["fargate.profile"] = maybe(str()),
