@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build sbx's base images locally (no registry is reachable) and import them
-# through the Docker Engine API with curl, so a docker CLI newer than the
-# daemon's API cannot get in the way.
+# Build sbx's base images locally (no registry is reachable): each as a
+# `docker save` tarball in $SBX_ARCHIVES (what sbx's image cache loads by
+# name where no daemon runs: policy.images.archives), and, when a Docker
+# daemon answers, imported through the Engine API with curl, so a docker CLI
+# newer than the daemon's API cannot get in the way.
 #
 # Usage: scripts/build-images.sh [--force] [busybox] [debian]
 #   --force   rebuild and re-import even if the image exists (sbx-debian is
@@ -11,6 +13,7 @@
 #        SBX_CACHE          cache directory (default /var/cache/sbx); delete it
 #                           to fetch fresh packages from the mirror
 #        SBX_DEBIAN_MIRROR  override the mirror otherwise taken from apt's sources
+#        SBX_ARCHIVES       where the tarballs go (default /var/lib/sbx/images)
 set -euo pipefail
 umask 022
 
@@ -39,7 +42,8 @@ case "$docker_host" in
 esac
 
 cache=${SBX_CACHE:-/var/cache/sbx}
-mkdir -p "$cache"
+archives=${SBX_ARCHIVES:-/var/lib/sbx/images}
+mkdir -p "$cache" "$archives"
 # Two concurrent runs would race on the cache and on the image tags.
 exec 9>"$cache/build-images.lock"
 flock 9
@@ -60,8 +64,12 @@ trap cleanup EXIT
 # --- Engine API helpers -----------------------------------------------------
 api() { curl -sS --unix-socket "$sock" "$@"; }
 
-[ "$(api --max-time 5 http://localhost/_ping 2>/dev/null)" = OK ] \
-    || die "no docker daemon answers on $sock (run scripts/setup.sh first)"
+have_docker=0
+if [ "$(api --max-time 5 http://localhost/_ping 2>/dev/null)" = OK ]; then
+    have_docker=1
+else
+    log "no Docker daemon answers on $sock: building the image archives only (sbx's local backend loads them)"
+fi
 
 # Prints the image's inspect JSON; fails when it does not exist.
 image_json() { api -f "http://localhost/images/$1/json" 2>/dev/null; }
@@ -126,16 +134,42 @@ drop_old() {
     fi
 }
 
-# needs_build REF CMD: 0 if REF must be (re)built: forced, missing, or not
-# what this script would produce.
+archive_of() { printf '%s/%s.tar' "$archives" "${1//\//_}"; }
+
+# needs_build REF CMD: 0 if REF must be (re)built: forced, its archive
+# missing, or (with a daemon) missing there or not what this script would
+# produce.
 needs_build() {
     [ "$force" -eq 0 ] || return 0
+    [ -s "$(archive_of "$1")" ] || { log "$1: no archive yet"; return 0; }
+    [ "$have_docker" -eq 1 ] || { log "$1 archive exists, skipping (use --force to rebuild)"; return 1; }
     image_json "$1" >/dev/null || return 0
     if check_image "$1" "$2"; then
         log "$1 exists, skipping (use --force to rebuild)"
         return 1
     fi
     log "rebuilding $1"
+}
+
+# write_archive ROOTFS_TAR REF CMD_JSON: a `docker save` tarball of one layer
+# (manifest.json, the config named by its digest, the layer) at archive_of REF.
+write_archive() {
+    local layer=$1 ref=$2 cmd=$3 dir diff cfg cfgsum arch out
+    out=$(archive_of "$ref")
+    dir=$(mktemp -d "$tmp/archive.XXXXXX")
+    diff=$(sha256sum "$layer" | cut -d' ' -f1)
+    arch=$(dpkg --print-architecture)
+    mkdir -p "$dir/$diff"
+    ln "$layer" "$dir/$diff/layer.tar" 2>/dev/null || cp "$layer" "$dir/$diff/layer.tar"
+    cfg=$(printf '{"architecture":"%s","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"sbx scripts/build-images.sh"}]}' \
+        "$arch" "$cmd" "$diff")
+    cfgsum=$(printf '%s' "$cfg" | sha256sum | cut -d' ' -f1)
+    printf '%s' "$cfg" >"$dir/$cfgsum.json"
+    printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":["%s/layer.tar"]}]' "$cfgsum" "$ref" "$diff" >"$dir/manifest.json"
+    tar --numeric-owner --owner=0 --group=0 -C "$dir" -cf "$out.tmp" manifest.json "$cfgsum.json" "$diff/layer.tar"
+    mv "$out.tmp" "$out"
+    rm -rf "$dir"
+    log "$ref archive: $out"
 }
 
 make_tar() { tar --numeric-owner --owner=0 --group=0 -C "$1" -cf "$2" .; }
@@ -147,7 +181,7 @@ build_busybox() {
     local ref=sbx-busybox:latest want_cmd='["sh"]'
     needs_build "$ref" "$want_cmd" || return 0
     local t0=$SECONDS root=$tmp/busybox old
-    old=$(image_id "$ref" || true)
+    old=$( [ "$have_docker" -eq 1 ] && image_id "$ref" || true)
     log "building $ref"
 
     # Must be the static build: the image has no libc.
@@ -180,9 +214,12 @@ nobody:x:65534:
 EOF
 
     make_tar "$root" "$tmp/busybox.tar"
-    import_tar "$tmp/busybox.tar" sbx-busybox latest "CMD $want_cmd" "$path_env"
-    check_image "$ref" "$want_cmd" || die "$ref is not as expected after import"
-    drop_old "$old" "$ref"
+    write_archive "$tmp/busybox.tar" "$ref" "$want_cmd"
+    if [ "$have_docker" -eq 1 ]; then
+        import_tar "$tmp/busybox.tar" sbx-busybox latest "CMD $want_cmd" "$path_env"
+        check_image "$ref" "$want_cmd" || die "$ref is not as expected after import"
+        drop_old "$old" "$ref"
+    fi
     log "$ref built in $((SECONDS - t0))s"
 }
 
@@ -231,7 +268,7 @@ build_debian() {
     local ref=sbx-debian:12 want_cmd='["bash"]'
     needs_build "$ref" "$want_cmd" || return 0
     local t0=$SECONDS root=$tmp/debian old arch mirror
-    old=$(image_id "$ref" || true)
+    old=$( [ "$have_docker" -eq 1 ] && image_id "$ref" || true)
     log "building $ref"
     command -v debootstrap >/dev/null || die "debootstrap is not installed (run scripts/setup.sh)"
 
@@ -275,9 +312,12 @@ build_debian() {
         log "using cached rootfs $rootfs"
     fi
 
-    import_tar "$rootfs" sbx-debian 12 "CMD $want_cmd" "$path_env"
-    check_image "$ref" "$want_cmd" || die "$ref is not as expected after import"
-    drop_old "$old" "$ref"
+    write_archive "$rootfs" "$ref" "$want_cmd"
+    if [ "$have_docker" -eq 1 ]; then
+        import_tar "$rootfs" sbx-debian 12 "CMD $want_cmd" "$path_env"
+        check_image "$ref" "$want_cmd" || die "$ref is not as expected after import"
+        drop_old "$old" "$ref"
+    fi
     log "$ref built in $((SECONDS - t0))s"
 }
 

@@ -45,6 +45,24 @@ end
 
 local transports = require "sbx.transports"
 
+-- "auto" (the default backend): docker when a daemon is named (the
+-- docker_host option or policy, DOCKER_HOST: asking for a daemon is asking
+-- for docker, and a dead one is an error, not a silent change of backend)
+-- or answers on one of the usual sockets; else local. Asked once per
+-- process: a daemon that starts later is not noticed.
+local auto_choice
+function M.backend_name(name, opts, pol)
+  if name ~= "auto" then return name end
+  pol = pol or sbx.policy
+  local env = os.getenv("DOCKER_HOST")
+  if (opts and opts.docker_host) or pol.box.docker_host or (env and env ~= "") then return "docker" end
+  if auto_choice == nil then
+    local d = require("sbx.backends.docker").connect(nil, core.now() + pol.docker.auto_timeout)
+    auto_choice = d and "docker" or "local"
+  end
+  return auto_choice
+end
+
 local function backend_module(name)
   local ok, mod = pcall(require, "sbx.backends." .. name)
   if not ok then
@@ -76,7 +94,8 @@ function M.new(opts)
     local ok, msg = sbx.policy_check.policy(pol)
     if not ok then error(msg, 2) end
   end
-  local backend = backend_module(opts.backend or pol.box.backend)
+  local backend_name = M.backend_name(opts.backend or pol.box.backend, opts, pol)
+  local backend = backend_module(backend_name)
   local ok, msg = sbx.policy_check.box_options(opts, backend)
   if not ok then error("sbx.box: " .. msg, 2) end
   -- sbx.trace hook: M.tracer is set while a trace records (nil otherwise).
@@ -85,6 +104,7 @@ function M.new(opts)
   local t0 = tr and tr.begin()
   local spec = sbx.merge_policy({}, sbx.deep_copy(pol.box))
   for k, v in pairs(opts) do if k ~= "policy" then spec[k] = v end end
+  spec.backend = backend_name
   -- Isolation the backend cannot enforce is refused before anything exists.
   local limits, lerr, lcode = limits_mod.resolve(backend, spec, opts, pol)
   if limits == nil then
@@ -194,8 +214,21 @@ end
 
 function M.reap(opts)
   opts = opts or {}
-  local backend = backend_module(opts.backend or sbx.policy.box.backend)
-  return backend.reap(opts, sbx.policy)
+  local name = opts.backend or sbx.policy.box.backend
+  if name == "auto" then
+    -- Both backends auto may have used: docker where a daemon answers.
+    local out = { removed = {}, kept = 0 }
+    local names = { "local" }
+    if M.backend_name("auto", opts, sbx.policy) == "docker" then table.insert(names, 1, "docker") end
+    for _, n in ipairs(names) do
+      local r, err, code = backend_module(n).reap(opts, sbx.policy)
+      if not r then return nil, err, code end
+      for _, x in ipairs(r.removed or {}) do out.removed[#out.removed + 1] = x end
+      out.kept = out.kept + (r.kept or 0)
+    end
+    return out
+  end
+  return backend_module(name).reap(opts, sbx.policy)
 end
 
 -- Commands --------------------------------------------------------------------

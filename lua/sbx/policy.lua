@@ -26,7 +26,9 @@ local function live(pol) return pol or require("sbx").policy end
 -- cannot be enforced is applied as closely as the backend allows; box.limits
 -- reports what each box got.
 policy.box = {
-  backend = "docker",
+  -- "auto": docker when a daemon answers, else local (no daemon needed);
+  -- or "docker", "local", "fargate", "kubernetes".
+  backend = "auto",
   image = "debian:bookworm-slim",
   workdir = "/work",            -- created by the daemon if the image lacks it
   memory = 1024 * MiB,          -- bytes; swap is disabled (MemorySwap = Memory)
@@ -190,6 +192,9 @@ policy.docker = {
   api_timeout = 120,            -- one Engine API call, the whole transfer
   ping_timeout = 10,            -- /_ping while looking for a daemon
   ping_connect_timeout = 5,
+  -- backend = "auto" asks once whether a daemon answers; a daemon that takes
+  -- longer than this counts as none (the box is local).
+  auto_timeout = 5,
   pull_timeout = 1800,          -- pulling an image
   kill_timeout = 10,            -- the in-box kill command
   -- An exec's exit code is read once its stream ended; the daemon may lag.
@@ -221,6 +226,10 @@ policy.docker = {
 -- registry is asked ("missing": only for what the cache lacks).
 policy.images = {
   dir = nil,                    -- the cache; nil: ${XDG_CACHE_HOME:-~/.cache}/sbx/images
+  -- Directories of `docker save` tarballs named NAME:TAG.tar ('/' as '_'):
+  -- a bare name finds its archive here before asking a daemon or a
+  -- registry. scripts/setup.sh writes sbx's example images to the first.
+  archives = { "/var/lib/sbx/images" },
   -- Disk the cache may use. After a pull that goes past it, the least
   -- recently used images no box holds are removed until it fits.
   max_bytes = 20 * GiB,
@@ -739,6 +748,7 @@ policy["local"] = {
   -- after a quiet spell waits for an RCU grace period (milliseconds), which
   -- a spare pays while nobody waits. 0: every box starts its own.
   spares = 1,
+}
 
 -- The Kubernetes backend (sbx.box{ backend = "kubernetes" }): a box is a
 -- pod. Box options of the same names override these per box.

@@ -61,6 +61,7 @@ local TOOL = rule({ "table", "false" }, { fields = {
 -- defaults; these win where both exist.
 local RULES = {
   ["box.backend"] = str(),
+  ["docker.auto_timeout"] = POS,
   ["box.image"] = str { nonempty = true },
   ["box.workdir"] = maybe(str()),
   ["box.memory"] = rule({ "number", "false" }, { gt = 0 }),
@@ -129,6 +130,7 @@ local RULES = {
   ["docker.disk_poll"] = POS,
   ["docker.disk_poll_load"] = num { gt = 0 },
   ["images.dir"] = maybe(str { nonempty = true }),
+  ["images.archives"] = list(str { nonempty = true }),
   ["images.max_bytes"] = int { gt = 0 },
   ["images.max_layer_bytes"] = int { gt = 0 },
   ["images.max_layer_entries"] = int { gt = 0 },

@@ -289,7 +289,7 @@ function M.new(opts)
   if box.policy ~= nil then
     pol = sbx.merge_policy(sbx.deep_copy(sbx.policy), sbx.load_policy(box.policy))
   end
-  local bname = box.backend or pol.box.backend
+  local bname = require("sbx.box").backend_name(box.backend or pol.box.backend, box, pol)
   local bok, backend = pcall(require, "sbx.backends." .. tostring(bname))
   if not bok then error(string.format("sbx.pool: unknown backend '%s' (%s)", tostring(bname), tostring(backend)), 2) end
   local ok, msg = sbx.policy_check.box_options(box, backend)

@@ -320,6 +320,20 @@ images.resolve(ref, opts) -> image | nil, message, code
   See the top of this file. With pull = "missing", an image the cache holds
   under its name costs a few file reads and no network.
 ]]
+-- The archive in policy.images.archives for a bare docker name, or nil.
+local function archive_for(ipol, d)
+  local hub = (ipol.hub and ipol.hub.name or "docker.io"):gsub("%p", "%%%0")
+  -- The name as people write it: docker.io/library/x:t is x:t.
+  local familiar = d.canonical:gsub("^" .. hub .. "/library/", ""):gsub("^" .. hub .. "/", "")
+  for _, dir in ipairs(ipol.archives or {}) do
+    for _, n in ipairs { familiar, d.canonical } do
+      local file = dir .. "/" .. n:gsub("/", "_") .. ".tar"
+      local st = layer.stat(file)
+      if st and st.type == "file" then return file end
+    end
+  end
+end
+
 function M.resolve(ref, opts)
   if type(ref) ~= "string" then error("images.resolve: ref must be a string", 2) end
   opts = check_opts(opts, "resolve")
@@ -337,6 +351,20 @@ function M.resolve(ref, opts)
     local st = layer.stat(r.path)
     if not st or st.type ~= "dir" then return nil, string.format("rootfs:%s: no such directory", r.path), "not_found" end
     return { source = "rootfs", rootfs = r.path, name = r.key, config = { Env = { DEFAULT_PATH }, WorkingDir = "/" } }
+  end
+
+  -- A bare name with a `docker save` tarball in one of policy.images.archives
+  -- (named NAME:TAG.tar, '/' in the name as '_'; what scripts/setup.sh
+  -- writes where no daemon runs) is that archive: loaded once, again when
+  -- the file changes, and known by its name afterwards.
+  local also_named
+  if r.transport == "name" then
+    local file = archive_for(ipol, r.docker)
+    if file then
+      also_named = r.docker.canonical
+      r = { transport = "docker-archive", input = ref, path = file, name = r.docker,
+            key = "docker-archive:" .. file .. ":" .. r.docker.canonical }
+    end
   end
 
   local cache, cerr, ccode = cache_mod.open(ipol)
@@ -417,7 +445,7 @@ function M.resolve(ref, opts)
       stamp = stamp_of(r.path, "index.json")
       desc, err, code = sources.oci_dir(r, ipol)
     end
-    if desc then rec, err, code = install(cache, pol, desc, r.transport, { key }, stamp) end
+    if desc then rec, err, code = install(cache, pol, desc, r.transport, { key, also_named }, stamp) end
   end
   if not rec then return nil, err, code end
   trim(cache, pol, rec.id)
