@@ -1082,9 +1082,11 @@ on_frame(const struct sbx_ap_frame *f)
       j->id = 0;   /* nothing more is sent for it; freed once its tree is gone */
     return;
   case SBX_AP_PING:
-    send_frame(SBX_AP_PONG, f->id, f->payload, f->len, NULL, 0);
+    /* The acknowledgement first: a host that pings right after its HELLO
+    ** learns from it that the agent can be attached to again. */
     if (A.grace)
       send_ack();
+    send_frame(SBX_AP_PONG, f->id, f->payload, f->len, NULL, 0);
     return;
   case SBX_AP_ACK:
     if (f->len == 8)
@@ -1703,11 +1705,16 @@ run_beside_channel(void)
   close(sp[1]);
   setsid();
   prctl(PR_SET_DUMPABLE, 0);
-  /* The terminal stays the relay's: the agent keeps no fd of it. */
+  /* The channel's fds stay the relay's: the agent keeps none of them (a
+  ** runtime that waits for an exec's output to close must not wait for
+  ** the agent). */
   close(0);
   close(1);
-  if (open("/dev/null", O_RDWR | O_CLOEXEC) == 0)
+  close(2);
+  if (open("/dev/null", O_RDWR) == 0) {
     dup2(0, 1);
+    dup2(0, 2);
+  }
   A.in = A.out = sp[0];
 }
 

@@ -136,19 +136,38 @@ drop_old() {
 
 archive_of() { printf '%s/%s.tar' "$archives" "${1//\//_}"; }
 
-# needs_build REF CMD: 0 if REF must be (re)built: forced, its archive
-# missing, or (with a daemon) missing there or not what this script would
-# produce.
+# sync_archive REF: with a daemon, makes REF's archive the daemon's own image
+# (GET /images/REF/get, a docker save tarball), so a bare name is the same
+# image id whether sbx finds the archive or asks the daemon.
+sync_archive() {
+    [ "$have_docker" -eq 1 ] || return 0
+    local ref=$1 out id have
+    out=$(archive_of "$ref")
+    id=$(image_id "$ref")
+    [ -n "$id" ] || die "$ref is not on the daemon"
+    have=$(tar -xOf "$out" manifest.json 2>/dev/null | grep -o '"Config":"[^"]*"' | head -n1 | grep -o '[0-9a-f]\{64\}' || true)
+    [ "sha256:$have" != "$id" ] || return 0
+    api -f -o "$out.tmp" "http://localhost/images/$ref/get" || die "cannot export $ref from the daemon"
+    mv "$out.tmp" "$out"
+    log "$ref archive: the daemon's image ${id:7:12} ($out)"
+}
+
+# needs_build REF CMD: 0 if REF must be (re)built: forced; with a daemon,
+# missing there or not what this script would produce (an image the daemon
+# has as built only has its archive brought up to date); without one, its
+# archive missing.
 needs_build() {
     [ "$force" -eq 0 ] || return 0
-    [ -s "$(archive_of "$1")" ] || { log "$1: no archive yet"; return 0; }
-    [ "$have_docker" -eq 1 ] || { log "$1 archive exists, skipping (use --force to rebuild)"; return 1; }
-    image_json "$1" >/dev/null || return 0
-    if check_image "$1" "$2"; then
+    if [ "$have_docker" -eq 1 ]; then
+        image_json "$1" >/dev/null || { log "$1 is not on the daemon"; return 0; }
+        check_image "$1" "$2" || { log "rebuilding $1"; return 0; }
+        sync_archive "$1"
         log "$1 exists, skipping (use --force to rebuild)"
         return 1
     fi
-    log "rebuilding $1"
+    [ -s "$(archive_of "$1")" ] || { log "$1: no archive yet"; return 0; }
+    log "$1 archive exists, skipping (use --force to rebuild)"
+    return 1
 }
 
 # write_archive ROOTFS_TAR REF CMD_JSON: a `docker save` tarball of one layer
@@ -219,6 +238,7 @@ EOF
         import_tar "$tmp/busybox.tar" sbx-busybox latest "CMD $want_cmd" "$path_env"
         check_image "$ref" "$want_cmd" || die "$ref is not as expected after import"
         drop_old "$old" "$ref"
+        sync_archive "$ref"
     fi
     log "$ref built in $((SECONDS - t0))s"
 }
@@ -317,6 +337,7 @@ build_debian() {
         import_tar "$rootfs" sbx-debian 12 "CMD $want_cmd" "$path_env"
         check_image "$ref" "$want_cmd" || die "$ref is not as expected after import"
         drop_old "$old" "$ref"
+        sync_archive "$ref"
     fi
     log "$ref built in $((SECONDS - t0))s"
 }

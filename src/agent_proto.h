@@ -91,8 +91,10 @@
 **   WRITE_FILE id PATH, MODE u32, FLAGS (MKDIRS): a job whose process writes
 **                 its stdin (STDIN frames, STDIN_EOF) to the file; exit
 **                 status 0, or an errno with a message on stderr
-**   PING id     bytes          answered with PONG and the same bytes (and,
-**               with GRACE, AGENT_ACK)
+**   PING id     bytes          answered with PONG and the same bytes (with
+**               GRACE and the attach socket open, AGENT_ACK first: the host
+**               pings after its HELLO and so knows the agent can be found
+**               again before any command)
 **   ACK 0       u64 host_rx: the host has these bytes; the agent drops them
 **
 ** Agent to host:

@@ -166,7 +166,13 @@ local function fake_channel(script)
 end
 local first
 fake.agent_channel = function()
-  local ch, sink = fake_channel()
+  -- Answers the host's first PING ("hello") as an agent with its attach
+  -- socket open does: AGENT_ACK, then PONG.
+  local ch, sink = fake_channel(function(sink, b)
+    if b:find("hello", 1, true) then
+      sink:push("stdout", A.encode(0xB2, 0, string.pack(">I8", 0)) .. A.encode(0xB1, 0, "hello"))
+    end
+  end)
   first = sink
   local hello = string.pack(">Bs4", 11, string.pack(">I4", A.VERSION)) .. string.pack(">Bs4", 12, string.pack(">I4", 1))
   sink:push("stdout", A.encode(0x01, 0, hello))
@@ -194,6 +200,28 @@ tap.is(r[3], "agent_lost", "an impostor on the attach socket: the pending comman
 tap.like(r[2], "could not prove the box's key", "because it could not prove the key")
 tap.is(answered, 1, "after one attempt (no retry against an impostor)")
 fbox:close()
+
+-- An agent that answers the first PING without AGENT_ACK has no attach
+-- socket: its box works, and a drop ends its commands at once, no attach.
+local attaches = 0
+fake.agent_channel = function()
+  local ch, sink = fake_channel(function(sink, b)
+    if b:find("hello", 1, true) then sink:push("stdout", A.encode(0xB1, 0, "hello")) end
+  end)
+  first = sink
+  local hello = string.pack(">Bs4", 11, string.pack(">I4", A.VERSION)) .. string.pack(">Bs4", 12, string.pack(">I4", 1))
+  sink:push("stdout", A.encode(0x01, 0, hello))
+  return ch, false, {}
+end
+fake.agent_attach = function() attaches = attaches + 1 end
+local nbox = assert(sbx.box { backend = "fake", transport = "agent" })
+hung = sbx.spawn(function() return { nbox:exec("sleep 10", { timeout = 30 }) } end)
+sbx.sleep(0.05)
+first:finish()
+r = sbx.wait(hung)
+tap.is(r[3], "agent_lost", "no AGENT_ACK to the first ping: a drop fails the pending command")
+tap.is(attaches, 0, "and no attach is tried")
+nbox:close()
 
 H.sh("kill -- -" .. pgid)
 tap.done()

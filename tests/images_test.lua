@@ -106,8 +106,8 @@ do
   t.ok(dd and dd.digest == busybox_id and dd.source == "docker-daemon", "docker-daemon:NAME exports the daemon's image")
   r, e, c = images.resolve("docker-daemon:no-such-image:1", { policy = p2 })
   t.ok(r == nil and c == "not_found", "docker-daemon: an image it lacks", tostring(e))
-  -- A bare name the cache lacks comes from the daemon...
-  local p3 = IH.cache_policy()
+  -- A bare name the cache lacks comes from the daemon (no archives)...
+  local p3 = IH.cache_policy { archives = {} }
   local bare = images.resolve(H.busybox, { policy = p3 })
   t.ok(bare and bare.source == "docker-daemon" and bare.digest == busybox_id, "a bare name: the daemon's image when the cache lacks it")
   -- ...and then from the cache, with no daemon at all (another process
@@ -116,7 +116,7 @@ do
   local f = assert(io.open(prog, "w"))
   f:write(string.format([[
     local sbx = require "sbx"
-    sbx.use_policy { images = { dir = %q } }
+    sbx.use_policy { images = { dir = %q, archives = {} } }
     local t0 = sbx.now()
     local img, err = require("sbx.images").resolve(%q, { pull = "missing" })
     print(img and img.digest or err, sbx.now() - t0)
@@ -124,6 +124,20 @@ do
   f:close()
   local out = H.sh(string.format("DOCKER_HOST=unix:///nonexistent/docker.sock %s run %s", q(H.sbx_bin), q(prog)))
   t.like(out, "^" .. busybox_id, "a bare name in the cache needs no daemon (pull = missing)")
+  -- A bare name with a docker save tarball in policy.images.archives is
+  -- that archive, before the daemon is asked (sbx's own images where no
+  -- daemon runs; scripts/build-images.sh keeps it the daemon's image).
+  local adir = IH.tmpdir("archives")
+  local cp_out, cp_rc = H.sh(string.format("cp %s %s", q(fx .. "/busybox-docker.tar"),
+    q(adir .. "/" .. H.busybox:gsub("/", "_") .. ".tar")))
+  assert(cp_rc == 0, cp_out)
+  local p4 = IH.cache_policy { archives = { "/nonexistent/archives", adir } }
+  local arch = images.resolve(H.busybox, { policy = p4 })
+  t.ok(arch and arch.source == "docker-archive" and arch.digest == busybox_id,
+    "a bare name with an archive in policy.images.archives: the archive, not the daemon",
+    arch and arch.source)
+  r, e, c = images.resolve(H.busybox:gsub(":[^:/]*$", "") .. ":other-tag", { policy = p4, pull = "never" })
+  t.ok(r == nil and c == "not_cached", "another tag of that name is not the archive", tostring(e))
   r, e, c = images.resolve("never-seen-anywhere:1", { policy = p3, pull = "never" })
   t.ok(r == nil and c == "not_cached" and e:find("never"), "pull = never: a name the cache and the daemon lack", tostring(e))
   r, e, c = images.resolve("docker://127.0.0.1:9/x:1", { policy = p3, pull = "never" })

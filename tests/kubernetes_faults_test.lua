@@ -86,9 +86,19 @@ tap.is(b:exec("echo next").stdout, "next\n", "exec: the next command runs")
 b:close()
 b = assert(box { transport = "agent" })
 tap.is(b.transport, "agent", "a box on the agent transport")
-faults { cut_exec_after = 1 }
+-- The agent's stream cut once: sbx attaches again (a new exec of a fresh
+-- relay) and the command goes on, its output whole.
+local agent_pid = b.tstate.agent_pid
+faults { cut_exec_after = 1, cut_exec_streams = 1 }
+r, err, code = b:exec("echo a; sleep 0.3; echo b; sleep 0.3; echo c")
+tap.is(r and r.stdout, "a\nb\nc\n", "agent: a cut stream is opened again; the command's output is whole", err)
+tap.ok((b.tstate.reattached or 0) >= 1 and b.tstate.agent_pid == agent_pid, "agent: through a new stream, to the same agent")
+tap.ok(state().execs.cut >= 1, "the stand-in did cut it")
+-- Cut every stream (the way back too): the pending command fails with
+-- agent_lost, never hangs; then a fresh agent.
+faults { cut_exec_after = 1, cut_exec_streams = 0 }
 r, err, code = b:exec("echo a; sleep 0.3; echo b")
-tap.ok(r == nil and code == "agent_lost", "agent: a cut stream loses the agent (agent_lost)", err)
+tap.ok(r == nil and code == "agent_lost", "agent: no way back: agent_lost (" .. tostring(err) .. ")")
 faults { cut_exec_after = 0 }
 tap.is(b:exec("echo again").stdout, "again\n", "agent: the next command places a fresh agent")
 b:close()

@@ -151,8 +151,10 @@ end
 
 -- Refusals.
 do
-  local b, err, code = sbx.box { backend = "local", image = "debian:12" }
-  tap.ok(b == nil and code == "image_unavailable", "an OCI reference without sbx.images: " .. tostring(err))
+  local b, err, code = sbx.box { backend = "local", image = "sbx-no-such-image:1",
+    policy = { box = { pull = "never" } } }
+  tap.ok(b == nil and code == "image_unavailable" and tostring(err):find("sbx-no-such-image:1", 1, true),
+    "an image no source has: image_unavailable, naming it (" .. tostring(err) .. ")")
   b, err, code = sbx.box { backend = "local", image = "rootfs:/nonexistent/dir" }
   tap.ok(b == nil and code == "image_unavailable", "a missing rootfs: " .. tostring(err))
   b, err, code = sbx.box { backend = "local", image = "rootfs:" .. rootfs, transport = "exec" }

@@ -30,7 +30,7 @@ local policy_file = dir .. "/policy.lua"
 write(policy_file, string.format([[
 return { mcp = {
   max_line = %d,
-  instructions = function(p) return "custom instructions for " .. p.box.backend end,
+  instructions = function(p) return "custom instructions for " .. p.mcp.progress_interval end,
   format_progress = function(info) return string.format("tick %%d: %%d bytes", info.count, info.bytes) end,
   progress_interval = 0.2,
 } }
@@ -160,7 +160,7 @@ do
       _meta = { progressToken = "p" } } },
   })
   local init = by_id(msgs, "init")
-  tap.is(init and init.result.instructions, "custom instructions for docker", "policy.mcp.instructions")
+  tap.is(init and init.result.instructions, "custom instructions for 0.2", "policy.mcp.instructions (given the merged policy)")
   local progress
   for _, m in ipairs(msgs) do
     if m.method == "notifications/progress" then progress = m.params end

@@ -162,7 +162,9 @@ policy.mcp = {
   -- What initialize tells the client about the server: a string, or a
   -- function of the policy returning one.
   instructions = function(p)
-    return "Tools run commands in an isolated sandbox (" .. tostring(p.box.backend) .. ")."
+    -- The backend the boxes will use ("auto" resolved), not the knob's value.
+    local backend = require("sbx.box").backend_name(p.box.backend, nil, p)
+    return "Tools run commands in an isolated sandbox (" .. tostring(backend) .. ")."
   end,
   -- The message of a progress notification. info: elapsed (seconds), bytes
   -- (of output so far), last_line (the last output line), count (this

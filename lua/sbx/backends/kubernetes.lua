@@ -600,19 +600,18 @@ end
 
 -- The agent's channel ------------------------------------------------------------------------------
 
--- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra | nil,
--- reason, code. One exec stream without a TTY runs a small sh loader: it
--- says the pod's architecture, reads a length line and exactly that many
--- bytes (a fresh sbx-agent, into a new private directory: a copy left in
--- the box is never trusted), and execs it. The stream's stdin and stdout
--- are then the agent's channel: 8-bit clean, and its pipes belong to the
--- agent as an attached Docker exec's do, so frames go without tags
--- (mac = false), as on Docker.
+-- One exec stream without a TTY runs a small sh loader: it says the pod's
+-- architecture, reads a length line and exactly that many bytes (a fresh
+-- sbx-agent, into a new private directory: a copy left in the box is never
+-- trusted), and execs it with args. The stream's stdin and stdout are then
+-- the channel: 8-bit clean, and its pipes belong to the agent as an
+-- attached Docker exec's do, so frames go without tags (mac = false).
+-- -> channel | nil, reason, code
 local AGENT_READY = "__SBXAGENT_"
-function M.agent_channel(h, opts)
+local function run_agent(h, opts, args)
   local script = 'printf "' .. AGENT_READY .. '%s__\\n" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
     'd=$(mktemp -d 2>/dev/null) || exit 125; head -c "$n" > "$d/a" && chmod 700 "$d/a" && ' ..
-    'printf "' .. AGENT_READY .. 'go__\\n" && exec "$d/a"'
+    'printf "' .. AGENT_READY .. 'go__\\n" && exec "$d/a"' .. (#args > 0 and (" " .. table.concat(args, " ")) or "")
   local c = h.client
   local ex, err, code = c:exec(h.namespace, h.name, h.k.container, { "sh", "-c", script },
     { stdin = true, timeout = math.max(1, opts.deadline - core.now()) })
@@ -686,7 +685,26 @@ function M.agent_channel(h, opts)
     h.streams[ex] = nil
     if not sink:info().eof then sink:finish() end
   end
-  return ch, false, {}
+  return ch
+end
+
+-- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra | nil,
+-- reason, code. The agent runs beside the exec's process (relay = true):
+-- containerd's CRI kills an exec's process with SIGKILL when the exec call's
+-- context ends (internal/cri/server/container_execsync.go, execInternal;
+-- docs/kubernetes.md), which a dropped stream can bring about; the agent
+-- and its commands outlive that, and sbx attaches again.
+function M.agent_channel(h, opts)
+  local ch, err, code = run_agent(h, opts, {})
+  if not ch then return nil, err, code end
+  return ch, false, { relay = true }
+end
+
+-- agent_attach(handle, { name, deadline, pol }) -> channel | nil, reason,
+-- code: a new exec stream whose freshly placed agent relays to the running one.
+function M.agent_attach(h, opts)
+  if not tostring(opts.name):match("^[%w%-]+$") then error("agent_attach: a bad socket name", 2) end
+  return run_agent(h, opts, { "attach", opts.name })
 end
 
 -- Reaper ------------------------------------------------------------------------------------------

@@ -356,7 +356,12 @@ local function image_source(spec, pol)
     lowers, config = { image:sub(8) }, {}
   else
     local img, err, code = require("sbx.images").resolve(image, { policy = pol, hold = true })
-    if not img then return nil, err, code or "image_unavailable" end
+    -- One code for every way an image can be missing (as the Docker
+    -- backend does); the cause stays in the message.
+    if not img then
+      return nil, string.format("image '%s' is not available: %s (%s)", tostring(image),
+        tostring(err), tostring(code or "error")), "image_unavailable"
+    end
     local c = type(img.config) == "table" and img.config or {}
     config = { env = c.Env, user = c.User, workdir = c.WorkingDir }
     if img.host then

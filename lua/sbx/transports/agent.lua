@@ -323,7 +323,9 @@ local function on_frame(st, ftype, id, payload, stream)
       if st.hello_event then st.hello_event:set() end
     elseif ftype == T.PONG then
       st.ping_sent = nil
+      if st.pong_event then st.pong_event:set() end
     elseif ftype == T.AGENT_ACK and #payload == 8 then
+      st.acks_seen = true
       acked(st, (string.unpack(">I8", payload)))
     elseif ftype == T.ERROR then
       local f = fields(payload) or {}
@@ -463,7 +465,7 @@ end
 
 local function can_reattach(st)
   local box = st.boxref[1]
-  return st.grace > 0 and not st.closed and box ~= nil and box.backend.agent_attach ~= nil
+  return st.grace > 0 and st.attachable and not st.closed and box ~= nil and box.backend.agent_attach ~= nil
 end
 
 -- The channel reader: one task per box.
@@ -619,6 +621,20 @@ function M.open(box, pol, into)
     hello = hello .. u32(F.GRACE, math.ceil(st.grace)) .. u32(F.ACK, st.ack_bytes)
   end
   send(st, T.HELLO, 0, hello)
+  if st.grace > 0 then
+    -- A channel that drops before the agent has read GRACE cannot come
+    -- back (the agent ends with it): one round trip settles it before the
+    -- first command. An agent that could not open its attach socket sends
+    -- no acknowledgement; its box works without the way back.
+    st.pong_event = core.event()
+    send(st, T.PING, 0, "hello")
+    if not st.pong_event:wait(math.max(0.001, deadline - core.now())) or st.dead then
+      M.lost(st, st.dead or "the agent did not answer its first ping in time")
+      return nil, st.dead, "agent_unavailable"
+    end
+    st.pong_event = nil
+    st.attachable = st.acks_seen
+  end
   st.hello_done = true
   st.last_rx = core.now()
   watch(st)
