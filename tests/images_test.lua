@@ -106,12 +106,18 @@ do
   t.ok(dd and dd.digest == busybox_id and dd.source == "docker-daemon", "docker-daemon:NAME exports the daemon's image")
   r, e, c = images.resolve("docker-daemon:no-such-image:1", { policy = p2 })
   t.ok(r == nil and c == "not_found", "docker-daemon: an image it lacks", tostring(e))
-  -- A bare name the cache lacks comes from the daemon (no archives)...
-  local p3 = IH.cache_policy { archives = {} }
+  -- A bare name the cache lacks comes from the daemon, before an archive
+  -- of it in policy.images.archives...
+  local adir = IH.tmpdir("archives")
+  local cp_out, cp_rc = H.sh(string.format("cp %s %s", q(fx .. "/busybox-docker.tar"),
+    q(adir .. "/" .. H.busybox:gsub("/", "_") .. ".tar")))
+  assert(cp_rc == 0, cp_out)
+  local p3 = IH.cache_policy { archives = { "/nonexistent/archives", adir } }
   local bare = images.resolve(H.busybox, { policy = p3 })
-  t.ok(bare and bare.source == "docker-daemon" and bare.digest == busybox_id, "a bare name: the daemon's image when the cache lacks it")
+  t.ok(bare and bare.source == "docker-daemon" and bare.digest == busybox_id,
+    "a bare name: the daemon's image when the cache lacks it (before its archive)", bare and bare.source)
   -- ...and then from the cache, with no daemon at all (another process
-  -- whose DOCKER_HOST leads nowhere).
+  -- whose DOCKER_HOST leads nowhere, and no archives).
   local prog = IH.tmpdir("prog") .. "/p.lua"
   local f = assert(io.open(prog, "w"))
   f:write(string.format([[
@@ -124,18 +130,15 @@ do
   f:close()
   local out = H.sh(string.format("DOCKER_HOST=unix:///nonexistent/docker.sock %s run %s", q(H.sbx_bin), q(prog)))
   t.like(out, "^" .. busybox_id, "a bare name in the cache needs no daemon (pull = missing)")
-  -- A bare name with a docker save tarball in policy.images.archives is
-  -- that archive, before the daemon is asked (sbx's own images where no
-  -- daemon runs; scripts/build-images.sh keeps it the daemon's image).
-  local adir = IH.tmpdir("archives")
-  local cp_out, cp_rc = H.sh(string.format("cp %s %s", q(fx .. "/busybox-docker.tar"),
-    q(adir .. "/" .. H.busybox:gsub("/", "_") .. ".tar")))
-  assert(cp_rc == 0, cp_out)
-  local p4 = IH.cache_policy { archives = { "/nonexistent/archives", adir } }
+  -- Where no daemon answers (here: policy.images.daemon = false), a bare
+  -- name the cache lacks is its archive, and is known by that name after.
+  local p4 = IH.cache_policy { archives = { "/nonexistent/archives", adir }, daemon = false }
   local arch = images.resolve(H.busybox, { policy = p4 })
   t.ok(arch and arch.source == "docker-archive" and arch.digest == busybox_id,
-    "a bare name with an archive in policy.images.archives: the archive, not the daemon",
-    arch and arch.source)
+    "no daemon: a bare name is its archive in policy.images.archives", arch and arch.source)
+  os.remove(adir .. "/" .. H.busybox:gsub("/", "_") .. ".tar")
+  local again = images.resolve(H.busybox, { policy = p4, pull = "never" })
+  t.ok(again and again.digest == busybox_id, "then the cache has it by name (the archive gone)")
   r, e, c = images.resolve(H.busybox:gsub(":[^:/]*$", "") .. ":other-tag", { policy = p4, pull = "never" })
   t.ok(r == nil and c == "not_cached", "another tag of that name is not the archive", tostring(e))
   r, e, c = images.resolve("never-seen-anywhere:1", { policy = p3, pull = "never" })

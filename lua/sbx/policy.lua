@@ -229,8 +229,9 @@ policy.docker = {
 policy.images = {
   dir = nil,                    -- the cache; nil: ${XDG_CACHE_HOME:-~/.cache}/sbx/images
   -- Directories of `docker save` tarballs named NAME:TAG.tar ('/' as '_'):
-  -- a bare name finds its archive here before asking a daemon or a
-  -- registry. scripts/setup.sh writes sbx's example images to the first.
+  -- a bare name the cache and a daemon lack is its archive here, before
+  -- its registry is asked. scripts/setup.sh writes sbx's example images
+  -- to the first (the daemon's own image when one runs).
   archives = { "/var/lib/sbx/images" },
   -- Disk the cache may use. After a pull that goes past it, the least
   -- recently used images no box holds are removed until it fits.
@@ -284,8 +285,9 @@ policy.images = {
   -- or removing images, before giving up ("busy").
   lock_timeout = 600,
   -- A bare name (no transport) is looked up in the cache, then exported
-  -- from a local Docker daemon when one answers (daemon = true), then
-  -- pulled from its registry as policy.box.pull allows.
+  -- from a local Docker daemon when one answers (daemon = true), then read
+  -- from its archive in `archives`, then pulled from its registry as
+  -- policy.box.pull allows.
   daemon = true,
 }
 

@@ -12,7 +12,8 @@ shared by boxes and by concurrent sbx processes (layout: sbx.images.cache).
 ref: docker://NAME[:TAG|@DIGEST], docker-archive:PATH[:NAME],
 oci-archive:PATH[:TAG], oci:DIR[:TAG], docker-daemon:NAME, rootfs:DIR, host,
 or a bare NAME (the cache by name, then docker-daemon: when a daemon
-answers and policy.images.daemon, then docker:// as pull allows).
+answers and policy.images.daemon, then NAME:TAG.tar in one of
+policy.images.archives, then docker:// as pull allows).
 
 opts (all optional): policy (a whole policy, such as box:policy(); default
 the live one; its images and box.pull sections are read), pull ("missing":
@@ -353,20 +354,6 @@ function M.resolve(ref, opts)
     return { source = "rootfs", rootfs = r.path, name = r.key, config = { Env = { DEFAULT_PATH }, WorkingDir = "/" } }
   end
 
-  -- A bare name with a `docker save` tarball in one of policy.images.archives
-  -- (named NAME:TAG.tar, '/' in the name as '_'; what scripts/setup.sh
-  -- writes where no daemon runs) is that archive: loaded once, again when
-  -- the file changes, and known by its name afterwards.
-  local also_named
-  if r.transport == "name" then
-    local file = archive_for(ipol, r.docker)
-    if file then
-      also_named = r.docker.canonical
-      r = { transport = "docker-archive", input = ref, path = file, name = r.docker,
-            key = "docker-archive:" .. file .. ":" .. r.docker.canonical }
-    end
-  end
-
   local cache, cerr, ccode = cache_mod.open(ipol)
   if not cache then return nil, cerr, ccode end
   local rec, err, code, key
@@ -398,6 +385,20 @@ function M.resolve(ref, opts)
       if rec then return done(rec, "docker-daemon:" .. d.canonical) end
       if code ~= "not_found" and code ~= "daemon_unavailable" then return nil, err, code end
       why[#why + 1] = err
+    end
+    -- Then a `docker save` tarball in one of policy.images.archives (named
+    -- NAME:TAG.tar, '/' in the name as '_'; what scripts/build-images.sh
+    -- writes, the daemon's own image where one runs): loaded once and known
+    -- by the bare name afterwards.
+    local file = archive_for(ipol, d)
+    if file then
+      local desc, aerr, acode = sources.docker_archive(file, d, ipol)
+      if not desc then return nil, aerr, acode end
+      local akey = "docker-archive:" .. file .. ":" .. d.canonical
+      rec, err, code = install(cache, pol, desc, "docker-archive", { akey, d.canonical }, stamp_of(file))
+      if not rec then return nil, err, code end
+      trim(cache, pol, rec.id)
+      return done(rec, d.canonical)
     end
     if pull == "never" then
       why[#why + 1] = "pull = \"never\" forbids asking its registry"
@@ -445,7 +446,7 @@ function M.resolve(ref, opts)
       stamp = stamp_of(r.path, "index.json")
       desc, err, code = sources.oci_dir(r, ipol)
     end
-    if desc then rec, err, code = install(cache, pol, desc, r.transport, { key, also_named }, stamp) end
+    if desc then rec, err, code = install(cache, pol, desc, r.transport, { key }, stamp) end
   end
   if not rec then return nil, err, code end
   trim(cache, pol, rec.id)
