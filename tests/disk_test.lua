@@ -92,13 +92,16 @@ tap.like(r.stdout, "fine", "another box on the same daemon works")
 sbx.sleep(0.3)
 tap.is(H.container(other.id).State.Paused, false, "and stays running under its limit")
 
--- A background writer that keeps running is failed, not left hanging.
-local bg = H.box { disk = LIMIT }
+-- A background writer that keeps running is failed, not left hanging; its
+-- box's own policy overlay writes the message (format_disk_exceeded).
+local bg = H.box { disk = LIMIT, policy = { format_disk_exceeded = function(used, limit)
+  return string.format("DISK-OVERLAY %d > %d", used, limit) end } }
 local p = assert(bg:spawn("dd if=/dev/zero of=/work/x bs=1M count=300; sleep 60"))
 local view = bg:wait(p, 20)
 tap.ok(view, "a background writer ends once its box is frozen")
 tap.is(view and view.status, "failed", "with status failed")
-tap.like(view and view.error, "past its disk limit", "and the disk error")
+tap.like(view and view.error, "^DISK%-OVERLAY %d+ > " .. LIMIT .. "$",
+  "and the disk error, from the box overlay's format_disk_exceeded")
 
 -- close removes a paused box.
 local id, bgid = box.id, bg.id

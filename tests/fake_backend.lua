@@ -3,8 +3,9 @@
 -- core.stream.sink, so results go through the real capture and the real
 -- result and formatting code. What a command prints comes from the box
 -- option `respond`: function(req, command) -> { stdout =, stderr =,
--- exit_code =, hang = bool }, where command is the shell command string
--- (or nil for an argv command). A hanging command ends when killed.
+-- exit_code =, hang = bool, oom = memory limit in bytes (the OOM killer
+-- ended it: exit 137, job.oom_killed) }, where command is the shell command
+-- string (or nil for an argv command). A hanging command ends when killed.
 --   package.loaded["sbx.backends.fake"] = require "fake_backend"
 --   local box = sbx.box{ backend = "fake", respond = function(req, cmd) ... end }
 -- Isolation: every option is enforced ("daemon") unless the box option
@@ -83,6 +84,7 @@ function M.start(h, req)
   local out = h.respond(req, command) or {}
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
   local job = { stream = sink, marker = req.marker, exit_code = out.exit_code or 0 }
+  if out.oom then job.exit_code, job.oom_killed, job.memory_limit = 137, true, out.oom end
   if out.stdout then sink:push("stdout", out.stdout) end
   if out.stderr then sink:push("stderr", out.stderr) end
   if not out.hang then sink:finish() end

@@ -180,7 +180,8 @@ kubeconfig(dir .. "/tokenfile.yaml", {
 local tp = pol { kubeconfig = dir .. "/tokenfile.yaml" }
 local tconn = assert(config.resolve(tp))
 local tc = client.new(tconn, tp)
-tap.is((tc:call("GET", "/api/v1/namespaces/default/pods")), 200, "tokenFile (relative to the kubeconfig)")
+local tst, terr, tcode = tc:call("GET", "/api/v1/namespaces/default/pods")
+tap.ok(tst == 200, "tokenFile (relative to the kubeconfig)", tostring(tst) .. ": " .. tostring(terr) .. " (" .. tostring(tcode) .. ")")
 K.write(dir .. "/token", "tok-B-rotated-4567\n", "600")
 assert(standin:tokens { "tok-B-rotated-4567" })
 tap.is((tc:call("GET", "/api/v1/namespaces/default/pods")), 200, "a rotated token file is read again after a 401")

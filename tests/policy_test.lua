@@ -353,5 +353,86 @@ do
   box:close()
 end
 
+-- 9. Every other text hook and background knob reaches the model ------------------------------
+do
+  reset()
+  local box = fake_box {
+    quiet = { stdout = "" },
+    hog = { oom = 64 * 1024 * 1024 },
+    hang = { hang = true },
+    forty = { stdout = ("z"):rep(40) },
+  }
+  sbx.use_policy {
+    format_processes = function(list, name) return "PROCS " .. #list .. " " .. tostring(name) end,
+    format_process_output = function(o) return "OUT " .. o.process.name .. " " .. o.total end,
+    format_killed = function(p) return "KILLED " .. p.name end,
+    format_oom = function(r) return "OOM " .. r.memory_limit end,
+    format_arg_too_long = function(which, bytes) return "LONG " .. which .. " " .. bytes end,
+    format_budget_exceeded = function(which, used, limit) return "BUDGET " .. which .. " " .. used .. "/" .. limit end,
+    format_evicted = function(p) return "EVICTED " .. p.name end,
+  }
+  call(box, "bash", { command = "forty", run_in_background = true, name = "a" })
+  box:wait("a", 5)
+  tap.is(call(box, "list_processes", {}), "PROCS 1 nil", "a format_processes override is the process table")
+  tap.is(call(box, "list_processes", { name = "a" }), "PROCS 1 a", "and the single-process view")
+  tap.is(call(box, "process_output", { name = "a" }), "OUT a 40", "a format_process_output override")
+  call(box, "bash", { command = "hang", run_in_background = true, name = "srv" })
+  tap.is(call(box, "kill_process", { name = "srv" }), "KILLED srv", "a format_killed override")
+  tap.like(call(box, "bash", { command = "hog" }), "OOM 67108864", "a format_oom override reaches the bash text")
+  sbx.use_policy { exec = { max_arg_bytes = 10 } }
+  tap.like(call(box, "bash", { command = "echo " .. ("x"):rep(20) }), "^Error: LONG argument %d+ %d+$",
+    "a format_arg_too_long override (exec.max_arg_bytes from the live policy)")
+  reset()
+  sbx.use_policy {
+    format_budget_exceeded = function(which, used, limit) return "BUDGET " .. which .. " " .. used .. "/" .. limit end,
+    format_evicted = function(p) return "EVICTED " .. p.name end,
+    background = { retain_bytes = 50 },
+    budget = { commands = 3 },
+  }
+  local b2 = fake_box { forty = { stdout = ("z"):rep(40) }, quiet = { stdout = "" } }
+  call(b2, "bash", { command = "forty", run_in_background = true, name = "first" })
+  b2:wait("first", 5)
+  call(b2, "bash", { command = "forty", run_in_background = true, name = "second" })
+  b2:wait("second", 5)
+  tap.is(call(b2, "process_output", { name = "first" }), "Error: EVICTED first",
+    "background.retain_bytes evicts the oldest log, and format_evicted says so")
+  call(b2, "bash", { command = "quiet" })
+  tap.is(call(b2, "bash", { command = "quiet" }), "Error: BUDGET commands 3/3", "a format_budget_exceeded override")
+  b2:close()
+  reset()
+  sbx.use_policy { background = { name_pattern = "^srv%-%d+$", max_name_length = 6 } }
+  local b3 = fake_box { quiet = { stdout = "" } }
+  tap.like(call(b3, "bash", { command = "quiet", run_in_background = true, name = "web" }), "^Error: .*web",
+    "background.name_pattern refuses a name outside it")
+  tap.like(call(b3, "bash", { command = "quiet", run_in_background = true, name = "srv-1" }), "srv%-1",
+    "and takes one inside it")
+  tap.like(call(b3, "bash", { command = "quiet", run_in_background = true, name = "srv-123" }), "^Error: .*6",
+    "background.max_name_length refuses a longer name, saying the limit")
+  b3:close()
+  box:close()
+end
+
+-- 10. A box overlay from a policy file ------------------------------------------------------------
+do
+  reset()
+  local file = os.tmpname()
+  local f = assert(io.open(file, "w"))
+  f:write("return { output = { head_chars = 2, tail_chars = 2 }, format_tool_error = function(m) return 'FILE: ' .. m end }\n")
+  f:close()
+  local fbox = fake_box(outputs, { policy = file })
+  local plain = fake_box(outputs)
+  tap.is(call(fbox, "bash", { command = "long" }), "aa\n...[196 bytes omitted; 200 bytes in all]...\nbb",
+    "sbx.box{ policy = FILE }: the file's overlay on that box")
+  tap.like(call(fbox, "bash", { command = 5 }), "^FILE: ", "its hooks too")
+  tap.is(call(plain, "bash", { command = "long" }), long, "and not on another box")
+  os.remove(file)
+  f = assert(io.open(file, "w"))
+  f:write("return { output = { head_chras = 2 } }\n")
+  f:close()
+  tap.checkerr("head_chras.*did you mean output%.head_chars", sbx.box, { backend = "fake", policy = file })
+  os.remove(file)
+  fbox:close(); plain:close()
+end
+
 reset()
 tap.done()

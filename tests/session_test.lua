@@ -66,6 +66,23 @@ tap.is(sbx.tools.call(tools, "bash", { command = "pwd; echo $Y" }), "/etc\n7\n",
 box:close()
 sbx.use_policy { exec = { stateful = false } }
 
+-- policy.hooks.before_exec sees session commands (source "session") and
+-- may refuse one; the session goes on.
+do
+  local seen = {}
+  local hbox = H.box { image = H.busybox, transport = "agent", policy = { hooks = { before_exec = function(_, req)
+    seen[#seen + 1] = req.source .. ":" .. tostring(req.command)
+    if req.command:find("forbidden", 1, true) then return false, "not in a session" end
+  end } } }
+  local hs = assert(hbox:session())
+  local hr, herr, hcode = hs:exec("echo forbidden > /tmp/f")
+  tap.ok(hr == nil and hcode == "denied" and herr == "not in a session", "before_exec refuses a session command: denied")
+  tap.is(seen[#seen], "session:echo forbidden > /tmp/f", "the hook saw source = session and the command")
+  tap.is(hs:exec("cat /tmp/f 2>/dev/null || echo absent").stdout, "absent\n", "the refused command never ran; the session goes on")
+  hs:close()
+  hbox:close()
+end
+
 -- The exec transport has no sessions.
 local ebox = H.box { image = H.busybox, transport = "exec" }
 local s, err, code = ebox:session()

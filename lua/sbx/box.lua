@@ -133,6 +133,14 @@ function M.new(opts)
     -- option -> { requested, enforced, note } (sbx.limits), or false
     limits = limits_mod.merge(limits, handle.limits) or false,
   }, Box)
+  -- A backend that formats a text later (a disk freeze) finds the box's own
+  -- policy here: handle.policy() (weakly held: the handle never keeps the
+  -- box alive).
+  local boxref = setmetatable({ self }, { __mode = "v" })
+  handle.policy = function()
+    local b = boxref[1]
+    return b and b:policy() or sbx.policy
+  end
   if overlay then self.pol, self.pol_generation = pol, sbx.policy_generation end
   open[self.id] = { backend = backend, handle = handle }
   -- A backend may answer at the method level (sbx.backends.replay does).

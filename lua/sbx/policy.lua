@@ -111,8 +111,11 @@ policy.exec = {
   -- MAX_ARG_STRLEN, 32 pages with the final NUL). A longer one is refused
   -- before it starts ("exec_failed"), as the kernel would refuse it.
   max_arg_bytes = 32 * 4 * KiB - 1,
-  -- When the kill cannot run (a fork bomb fills the pids limit) the box is
-  -- restarted: every process in it dies, its files stay.
+  -- When neither the kill in the box nor the backend's targeted kill from
+  -- the host (Docker: the daemon host's pids of that job) stops a command
+  -- (a fork bomb fills the pids limit), the last resort: the box is
+  -- restarted; every process in it dies (listed in the result's
+  -- ended_processes), its files stay. "leave": report kill_failed instead.
   on_unkillable = "restart",    -- "restart" | "leave"
 }
 
@@ -636,8 +639,9 @@ policy.fargate = {
   profile = nil,                        -- nil: AWS_PROFILE / default
   credentials = nil,                    -- { access_key=, secret_key=, session_token= }; nil: the chain
   endpoint_url = nil,                   -- one URL for ECS and IAM (a stand-in); nil: AWS_ENDPOINT_URL_* or AWS
-  -- Task size in ECS's units (a valid Fargate pair). The Docker options
-  -- memory (bytes) and cpus do not apply to Fargate boxes.
+  -- Task size in ECS's units (a valid Fargate pair). The box options
+  -- memory (bytes) and cpus become a container limit within it where ECS
+  -- can set one (box.limits says what was enforced).
   task_cpu = "1024",                    -- CPU units
   task_memory = "2048",                 -- MiB
   container = "sbx",                    -- the container name in the task definition

@@ -297,7 +297,7 @@ local watchers = {}         -- endpoint -> { boxes = id -> handle, task = poller
 
 local function freeze(h, used)
   if h.frozen or h.destroyed then return end
-  local live = require("sbx").policy     -- a backend does not see the box's own overlay
+  local live = h.policy and h.policy() or require("sbx").policy   -- the box's own (overlay included)
   local msg = live.format_disk_exceeded(used, h.disk_limit, live)
   h.frozen = { message = msg, code = "disk_exceeded", used = used }
   unwatch(h)

@@ -935,7 +935,7 @@ end
 -- = true). Without stty the PTY is not 8-bit clean: no agent. When a
 -- session ends, the SSM agent kills the process it started and closes the
 -- PTY (amazon-ssm-agent, agent/session/shell: execCmd.Kill, then the pty
--- file closed; docs/fargate.md): so the agent runs beside that process
+-- file closed; docs/aws-protocol.md 1.9): so the agent runs beside that process
 -- (relay = true) and outlives a dropped session.
 function M.agent_channel(h, opts)
   local ch, err, code = run_agent(h, opts, {})
