@@ -37,4 +37,26 @@ x, err, code = ro:write_file("/etc/nope", "x")
 tap.is(code, "write_failed", "the read-only root refuses")
 tap.like(err, "Read%-only file system", "and says why")
 ro:close()
+
+-- On a read-only root the agent goes to a tmpfs mounted with exec; where
+-- there is none, "auto" falls back to the exec transport and says why, and
+-- "agent" refuses the box.
+local bytes = {}
+for i = 0, 255 do bytes[#bytes + 1] = string.char(i) end
+bytes = table.concat(bytes):rep(3)
+local aro = H.box { image = H.busybox, read_only = true, tmpfs = { ["/work"] = "rw,exec,size=16m" }, transport = "auto" }
+tap.is(aro.transport, "agent", "read-only root with an exec tmpfs: the agent is placed there")
+tap.ok(aro:write_file("/work/b.bin", bytes), "write every byte value through the agent")
+tap.is(aro:read_file("/work/b.bin"), bytes, "and read them back exactly")
+aro:close()
+local fro = H.box { image = H.busybox, read_only = true, transport = "auto" }
+tap.is(fro.transport, "exec", "read-only root, no tmpfs: auto falls back to the exec transport")
+tap.like(fro.transport_reason, "no writable directory", "box.transport_reason says why")
+tap.is(fro:exec("echo still").stdout, "still\n", "and its commands run")
+fro:close()
+local nbox, nerr, ncode = sbx.box { image = H.busybox, read_only = true, tmpfs = { ["/tmp"] = "rw,size=8m" }, transport = "agent" }
+tap.ok(nbox == nil and ncode ~= nil, "transport = \"agent\" where it cannot be placed (a noexec tmpfs): no box (" ..
+  tostring(ncode) .. ")", tostring(nerr))
+tap.like(nerr, "Permission denied", "and the message says why")
+if nbox then nbox:close() end
 tap.done()

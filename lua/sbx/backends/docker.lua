@@ -519,6 +519,20 @@ function M.create(spec, pol_)
   end
   local h = { id = body.Id, name = name, daemon = d, jobs = setmetatable({}, { __mode = "k" }),
     image = spec.image, read_only = spec.read_only and true or false }
+  -- Where the agent may go on a read-only root: the tmpfs mounts the box
+  -- asked to be executable (Docker mounts a tmpfs noexec unless told
+  -- "exec"), then the temporary directory.
+  if h.read_only then
+    local dirs = {}
+    for path, o in pairs(spec.tmpfs or {}) do
+      if type(path) == "string" and path:match("^/[%w/._-]*$") and ("," .. tostring(o) .. ","):find(",exec,", 1, true) then
+        dirs[#dirs + 1] = path
+      end
+    end
+    table.sort(dirs)
+    dirs[#dirs + 1] = "/tmp"
+    h.agent_dirs = dirs
+  end
   if spec.disk then
     h.limits = { disk = disk_entry(d) }
     if not d.disk_quota then watch(h, spec.disk) end
@@ -833,7 +847,10 @@ local function run_agent(h, opts, args)
   end
   if not argv then
     -- A read-only root: a fresh private directory where the box may write.
-    argv = { "sh", "-c", 'umask 077; d=$(mktemp -d 2>/dev/null) || exit 125; head -c ' .. #bin ..
+    local dirs = table.concat(h.agent_dirs or { "/tmp" }, " ")
+    argv = { "sh", "-c", 'umask 077; d=; for p in ' .. dirs .. '; do d=$(mktemp -d -p "$p" 2>/dev/null) && break; done; ' ..
+      '[ -n "$d" ] || { echo "no writable directory to place it in (tried ' .. dirs ..
+      '; a read-only root needs a tmpfs with exec)" >&2; exit 125; }; head -c ' .. #bin ..
       ' > "$d/a" && chmod 700 "$d/a" && printf "' .. LOADER_GO .. '" && exec "$d/a"' ..
       (#args > 0 and (" " .. table.concat(args, " ")) or "") }
     preface = bin
