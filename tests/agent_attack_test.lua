@@ -33,12 +33,39 @@ tap.like(r.stdout, "^0\n", "the command runs as root")
 tap.like(r.stdout, "refused\n", "writing into the agent's channel (/proc/<agent>/fd/1) is refused")
 tap.like(r.stdout, "noenv\n", "its environment is unreadable")
 tap.like(r.stdout, "nomem\n$", "its memory is unreadable (undumpable: no ptrace access)")
-local strace = box:exec("command -v gdb strace || echo none").stdout
-if strace:find("none") then
-  r = box:exec("python3 -c 'import ctypes; print(ctypes.CDLL(None).ptrace(16, " .. pid .. ", 0, 0))' 2>/dev/null || echo noptrace")
-  tap.ok(r.stdout:find("-1") or r.stdout:find("noptrace"), "PTRACE_ATTACH to the agent fails (" .. r.stdout:gsub("\n", " ") .. ")")
-else
-  tap.skip("PTRACE_ATTACH to the agent fails", "the image has a debugger; covered by the /proc/mem check")
+-- ptrace from inside the box: a static program of the test's own (the
+-- images have no debugger), run as root in the box.
+do
+  local src = os.tmpname() .. ".c"
+  local bin = src:gsub("%.c$", "")
+  local f = assert(io.open(src, "w"))
+  f:write([[
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ptrace.h>
+int main(int argc, char **argv) {
+  long r = ptrace(PTRACE_ATTACH, atoi(argv[1]), 0, 0);
+  printf("attach %ld %s\n", r, r == 0 ? "ok" : strerror(errno));
+  r = ptrace(PTRACE_SEIZE, atoi(argv[1]), 0, 0);
+  printf("seize %ld %s\n", r, r == 0 ? "ok" : strerror(errno));
+  return 0;
+}
+]])
+  f:close()
+  local out, code = H.sh(string.format("cc -static -O -o %s %s", bin, src))
+  assert(code == 0, "cannot build the ptrace program: " .. out)
+  local pf = assert(io.open(bin, "rb"))
+  local prog = pf:read("a")
+  pf:close()
+  os.remove(src); os.remove(bin)
+  assert(box:write_file("/tmp/tracer", prog))
+  r = box:exec("chmod 700 /tmp/tracer && /tmp/tracer " .. pid)
+  tap.like(r.stdout, "^attach %-1 Operation not permitted\nseize %-1 Operation not permitted\n$",
+    "PTRACE_ATTACH and PTRACE_SEIZE on the agent fail, as root in the box", r.stdout .. r.stderr)
+  r = box:exec("sleep 30 & /tmp/tracer $!; kill $!")
+  tap.like(r.stdout, "^attach 0 ok", "while the same program may trace an ordinary process of the box (the refusal is the agent's own)", r.stdout .. r.stderr)
 end
 
 -- Printed frames are output, not frames.
