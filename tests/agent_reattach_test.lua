@@ -131,6 +131,32 @@ tap.is(in_box("kill -0 " .. gpid .. " 2>/dev/null && echo alive || echo gone"):g
 tap.is(gbox:exec("echo new").stdout, "new\n", "the next command places a fresh agent")
 gbox:close()
 
+-- Keep-alives: a proxy that cuts connections idle for 1.5 s (as ECS Exec
+-- and load balancers cut idle streams) never cuts a box that pings every
+-- 0.5 s; a box that pings rarely is cut, and comes back by re-attaching.
+do
+  local isock = string.format("/tmp/sbx-idle-%d.sock", core.pid())
+  os.remove(isock)
+  local ipg = H.sh(string.format("setsid socat -T 1.5 UNIX-LISTEN:%s,fork UNIX-CONNECT:/var/run/docker.sock >/dev/null 2>&1 & echo $!",
+    isock)):match("%d+")
+  for _ = 1, 100 do
+    if core.path_type(isock) then break end
+    sbx.sleep(0.05)
+  end
+  local pinged = assert(sbx.box { image = H.busybox, docker_host = "unix://" .. isock, transport = "agent",
+    policy = { agent = { ping_interval = 0.5, ping_timeout = 5 } } })
+  local rare = assert(sbx.box { image = H.busybox, docker_host = "unix://" .. isock, transport = "agent",
+    policy = { agent = { ping_interval = 30 } } })
+  sbx.sleep(4)
+  tap.is(pinged:exec("echo alive").stdout, "alive\n", "keep-alives: after 4 s idle behind a 1.5 s idle cut, the box answers")
+  tap.is(pinged.tstate.reattached, nil, "on the channel it always had (no re-attach)")
+  tap.is(rare:exec("echo back").stdout, "back\n", "without keep-alives the idle channel is cut, and the box answers")
+  tap.ok((rare.tstate.reattached or 0) >= 1, "after re-attaching (" .. tostring(rare.tstate.reattached) .. ")")
+  pinged:close(); rare:close()
+  H.sh("kill -- -" .. ipg)
+  os.remove(isock)
+end
+
 -- reattach_grace = 0: a drop is the end of the agent at once --------------------------
 sbx.use_policy { agent = { reattach_grace = 0 } }
 local zbox = assert(sbx.box { image = H.image, docker_host = "unix://" .. sock, transport = "agent" })
