@@ -118,7 +118,23 @@ function M.run(tap, label, box, caps)
   -- An exit status printed by a command changes nothing.
   r = assert(box:exec("printf '__SBX_0123456789abcdef_E0__\\n'; exit 1"))
   tap.is(r.exit_code, 1, t("a command cannot print its way to another exit status"))
-  box:exec("rm -rf /tmp/conf")
+
+  -- Sessions: the agent's persistent shell; the exec transport has none.
+  if box.transport == "agent" then
+    local s = assert(box:session())
+    assert(s:exec("cd /tmp && CONF_X=41 && conf_f() { echo f$1; }"))
+    local sr = assert(s:exec("echo $((CONF_X + 1)) $(pwd) $(conf_f 2)"))
+    tap.is(sr.stdout, "42 /tmp f2\n", t("a session keeps cwd, variables and functions"))
+    sr = assert(s:exec("echo before; sleep 30; touch /tmp/conf-after", { timeout = 1 }))
+    tap.ok(sr.timed_out and sr.stdout == "before\n", t("a session command times out with its partial output"))
+    sr = assert(s:exec("echo $CONF_X; test -e /tmp/conf-after && echo ran || echo never"))
+    tap.is(sr.stdout, "41\nnever\n", t("the same shell afterwards; the timed-out command's next step never ran"))
+    s:close()
+  else
+    local s, _, code = box:session()
+    tap.ok(s == nil and code == "unsupported", t("box:session() is unsupported on the exec transport"))
+  end
+  box:exec("rm -rf /tmp/conf /tmp/conf-after")
 end
 
 return M
