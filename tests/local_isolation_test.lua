@@ -141,6 +141,26 @@ do
   end
 end
 
+-- Ids: as root, and for a user /etc/subuid grants a range, the box maps
+-- 65536 ids, so files of system users (apt's _apt) work; a user without a
+-- range gets one id, and such a chown is refused.
+do
+  local function mapped(file)
+    local n = 0
+    for count in assert(box:exec("cat " .. file)).stdout:gmatch("%d+%s+%d+%s+(%d+)") do n = n + tonumber(count) end
+    return n
+  end
+  local uids, gids = mapped("/proc/self/uid_map"), mapped("/proc/self/gid_map")
+  local r = assert(box:exec("touch /tmp/ids; chown _apt:nogroup /tmp/ids 2>&1 && stat -c '%U:%G' /tmp/ids"))
+  if L.role == "single" then
+    tap.ok(uids == 1 and gids == 1, "one id mapped (uid_map, gid_map)", uids .. " " .. gids)
+    tap.ok(not r.stdout:find("_apt:nogroup", 1, true), "so a system user's file cannot be owned", r.stdout)
+  else
+    tap.ok(uids == 65536 and gids == 65536, "65536 uids and gids mapped", uids .. " " .. gids)
+    tap.like(r.stdout, "_apt:nogroup\n$", "a file of a system user (apt's _apt) can be owned")
+  end
+end
+
 -- The network ---------------------------------------------------------------------------------
 do
   local url, port, stop = H.start_python_server([[
