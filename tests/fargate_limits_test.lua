@@ -143,5 +143,16 @@ if box then
   box:close()
 end
 
+-- A box overlay's policy.fargate is that box's: its task size.
+box, err = sbx.box { backend = "fargate", image = H.busybox, transport = "exec",
+  policy = { fargate = { task_cpu = "512", task_memory = "1024" } } }
+tap.ok(box, "a box with a policy overlay for fargate", err)
+if box then
+  local td = taskdef(box)
+  tap.ok(td.cpu == "512" and td.memory == "1024", "the overlay's task_cpu and task_memory size its task (" ..
+    tostring(td.cpu) .. ", " .. tostring(td.memory) .. ")")
+  box:close()
+end
+
 st:stop()
 tap.done()

@@ -47,6 +47,20 @@ tap.is(box.limits.network.enforced, "cluster", "box.limits: network none held by
 tap.like(box.limits.network.note, "NetworkPolicy", "and it says how")
 tap.is(box.limits.pids.enforced, false, "box.limits: pids cannot be held by a pod spec")
 
+-- Scheduling and pulling knobs from policy.kubernetes reach the pod spec.
+do
+  local tol = { key = "sbx-only", operator = "Equal", value = "yes", effect = "NoSchedule" }
+  local kb = assert(sbx.box { backend = "kubernetes", image = H.busybox, transport = "exec", policy = { kubernetes = {
+    tolerations = { tol }, image_pull_secrets = { "regcred", "other" }, requests = { cpu = "100m", memory = "64Mi" } } } })
+  local ks = assert(pod_named(kb.id)).spec
+  tap.ok(ks.tolerations and #ks.tolerations == 1 and ks.tolerations[1].key == "sbx-only" and ks.tolerations[1].effect == "NoSchedule",
+    "policy.kubernetes.tolerations are the pod's tolerations")
+  tap.ok(ks.imagePullSecrets and #ks.imagePullSecrets == 2 and ks.imagePullSecrets[1].name == "regcred"
+    and ks.imagePullSecrets[2].name == "other", "image_pull_secrets as imagePullSecrets by name")
+  tap.is(ks.containers[1].resources.requests.cpu, "100m", "policy.kubernetes.requests set the requests")
+  kb:close()
+end
+
 -- network = "none": a NetworkPolicy that selects the pod and allows nothing.
 local st = assert(standin:state())
 local np

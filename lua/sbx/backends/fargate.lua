@@ -111,11 +111,13 @@ end
 -- Box options only this backend takes: every policy.fargate knob.
 function M.options(check) return check.section_rules("fargate") end
 
-local function fspec(spec)
-  -- Box options win over policy.fargate, key by key.
+-- policy.fargate of pol (the box's policy, its overlay included; default
+-- the live one) with the box's options over it, key by key.
+local function fspec(spec, pol)
+  local base = pol and pol.fargate or pol_f()
   local f = {}
-  for k, v in pairs(pol_f()) do f[k] = v end
-  for k, v in pairs(spec) do if pol_f()[k] ~= nil or f[k] == nil then f[k] = v end end
+  for k, v in pairs(base) do f[k] = v end
+  for k, v in pairs(spec) do if base[k] ~= nil or f[k] == nil then f[k] = v end end
   return f
 end
 
@@ -232,8 +234,8 @@ local NETWORK_NOTE = "the ECS Exec agent that runs every command needs egress to
   "(private subnets with VPC endpoints, a security group that allows only those)"
 
 -- limits(spec, pol): what a Fargate task enforces for spec (sbx.limits).
-function M.limits(spec)
-  local f = fspec(spec)
+function M.limits(spec, pol)
+  local f = fspec(spec, pol)
   local out = {}
   local mem, vcpus = task_mib(f.task_memory), task_vcpus(f.task_cpu)
   if f.memory then
@@ -455,8 +457,8 @@ local function stop_task(c, f, arn)
 end
 
 -- create(spec, policy) -> handle | nil, message, code
-function M.create(spec)
-  local f = fspec(spec)
+function M.create(spec, pol)
+  local f = fspec(spec, pol)
   if not f.subnets or #f.subnets == 0 then
     return nil, "a Fargate box needs subnets (sbx.box{ backend = \"fargate\", subnets = { \"subnet-...\" } } or policy.fargate.subnets)", "invalid_spec"
   end

@@ -32,11 +32,13 @@ local function pol_k() return sbx.policy.kubernetes end
 -- Box options only this backend takes: every policy.kubernetes knob.
 function M.options(check) return check.section_rules("kubernetes") end
 
--- policy.kubernetes with the box's options over it, key by key.
-local function kspec(spec)
+-- policy.kubernetes of pol (the box's policy, its overlay included;
+-- default the live one) with the box's options over it, key by key.
+local function kspec(spec, pol)
+  local base = pol and pol.kubernetes or pol_k()
   local k = {}
-  for key, v in pairs(pol_k()) do k[key] = v end
-  for key, v in pairs(spec or {}) do if pol_k()[key] ~= nil or k[key] == nil then k[key] = v end end
+  for key, v in pairs(base) do k[key] = v end
+  for key, v in pairs(spec or {}) do if base[key] ~= nil or k[key] == nil then k[key] = v end end
   return k
 end
 
@@ -385,7 +387,7 @@ end
 
 -- create(spec, policy) -> handle | nil, message, code
 function M.create(spec, pol)
-  local k = kspec(spec)
+  local k = kspec(spec, pol)
   local c, err, code = get_client(k)
   if not c then return nil, err, code end
   if spec.reap_on_start and not reaped_once then
