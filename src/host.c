@@ -7,7 +7,6 @@
 ** (nested) without re-entering uv_run from inside a callback.
 */
 #include "host.h"
-#include "modules.h"
 #include "sbx.h"
 
 #include <errno.h>

@@ -11,7 +11,8 @@ local SUBNETS = { "subnet-0standin" }
 
 -- This file is the exec transport's (one ECS Exec session per command: the
 -- wrapper, its markers, the SSM channel's faults); the agent transport on
--- Fargate is tests/conformance_fargate_test.lua and fargate_agent_test.lua.
+-- Fargate is tests/conformance_fargate_test.lua and
+-- agent_reattach_fargate_test.lua.
 sbx.use_policy {
   box = { transport = "exec" },
   fargate = {

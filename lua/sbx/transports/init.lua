@@ -18,6 +18,11 @@
 --   read_file(state, path, max, deadline) -> bytes | nil, message, code   (optional)
 --   write_file(state, path, data, opts, deadline) -> true | nil, message, code   (optional)
 --   close(state)
+--   open_session(state, spec) -> session | nil, message, code   (optional)
+--       a persistent shell (box:session()); spec: argv of the shell, env,
+--       cwd, user. A transport without it has no sessions ("unsupported").
+--   session_transport: start, finish, kill and close for a session's
+--       commands, with the session in place of state (with open_session)
 --
 -- A backend that can carry the agent provides agent_channel(handle, opts),
 -- and agent_attach(handle, opts) where a dropped channel can be opened again
