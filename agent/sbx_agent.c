@@ -1633,6 +1633,35 @@ relay(int in, int out, int sock)
   return 0;
 }
 
+/* A terminal on fd in raw mode (8-bit clean, no echo, no signals); with
+** say_raw (the --say-raw argument), SBX_AP_RAW_LINE on out once it is. */
+static int say_raw;
+
+static void
+make_raw(int fd, int out)
+{
+  if (isatty(fd)) {
+    struct termios t;
+    if (tcgetattr(fd, &t) == 0) {
+      cfmakeraw(&t);
+      tcsetattr(fd, TCSANOW, &t);
+    }
+  }
+  if (say_raw) {
+    const char *p = SBX_AP_RAW_LINE;
+    size_t n = sizeof SBX_AP_RAW_LINE - 1;
+    while (n > 0) {
+      ssize_t w = write(out, p, n);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w <= 0)
+        break;
+      p += w;
+      n -= (size_t)w;
+    }
+  }
+}
+
 /* "sbx-agent attach NAME": the way back to a running agent. */
 static int
 attach_main(const char *name)
@@ -1649,13 +1678,7 @@ attach_main(const char *name)
     fprintf(stderr, "sbx-agent: no agent to attach to: %s\n", strerror(errno));
     return 4;
   }
-  if (isatty(0)) {
-    struct termios t;
-    if (tcgetattr(0, &t) == 0) {
-      cfmakeraw(&t);
-      tcsetattr(0, TCSANOW, &t);
-    }
-  }
+  make_raw(0, 1);
   signal(SIGPIPE, SIG_IGN);
   return relay(0, 1, fd);
 }
@@ -1723,6 +1746,11 @@ main(int argc, char **argv)
 {
   struct sigaction sa;
   uint8_t mode;
+  if (argc >= 2 && strcmp(argv[1], SBX_AP_SAY_RAW) == 0) {
+    say_raw = 1;
+    argc--;
+    argv++;
+  }
   if (argc == 3 && strcmp(argv[1], "attach") == 0)
     return attach_main(argv[2]);
   A.in = 0;
@@ -1733,13 +1761,7 @@ main(int argc, char **argv)
   A.ack_every = 256 * 1024;
   /* No process of the box's user may read our memory, fds or key. */
   prctl(PR_SET_DUMPABLE, 0);
-  if (isatty(A.in)) {
-    struct termios t;
-    if (tcgetattr(A.in, &t) == 0) {
-      cfmakeraw(&t);
-      tcsetattr(A.in, TCSANOW, &t);
-    }
-  }
+  make_raw(A.in, A.out);
   if (read_exact(A.in, &mode, 1) != 0 ||
       ((mode & ~SBX_AP_MODE_RELAY) != SBX_AP_MODE_PLAIN && (mode & ~SBX_AP_MODE_RELAY) != SBX_AP_MODE_MAC))
     die("sbx-agent: expected a mode byte on stdin (this program is started by sbx)");

@@ -314,5 +314,9 @@ sbx_open_agent(lua_State *L)
   lua_setfield(L, -2, "MAX_PAYLOAD");
   lua_pushinteger(L, SBX_AP_VERSION);
   lua_setfield(L, -2, "VERSION");
+  lua_pushliteral(L, SBX_AP_SAY_RAW);
+  lua_setfield(L, -2, "say_raw");
+  lua_pushliteral(L, SBX_AP_RAW_LINE);
+  lua_setfield(L, -2, "raw_line");
   return 1;
 }

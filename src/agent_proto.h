@@ -132,6 +132,12 @@
 #define SBX_AP_NONCE 16
 #define SBX_AP_PROOF 32
 #define SBX_AP_ATTACH_HELLO "SBXA"
+/* "sbx-agent --say-raw ...": once the agent (or the relay) has put a
+** terminal on stdin in raw mode it writes this line, and only then reads:
+** where the loader could not make the PTY raw itself (no stty), the host
+** sends nothing more until it sees it. */
+#define SBX_AP_SAY_RAW "--say-raw"
+#define SBX_AP_RAW_LINE "__SBXAGENT_raw__\n"
 /* Seconds the agent gives a connection to prove the key. */
 #define SBX_AP_ATTACH_AUTH_SECONDS 10
 /* The attach socket's name: "sbx-agent-" and 32 hex digits, NUL-ended. */

@@ -61,5 +61,53 @@ tap.is(r and r.stdout_bytes, 3, "output ending inside a UTF-8 sequence arrives w
 tap.is(box:read_file("/tmp/tail"), "a\226\130", "byte for byte")
 tap.is(box:exec("echo fine").stdout, "fine\n", "commands go on")
 box:close()
+
+-- An image without stty (Debian's, with stty removed: busybox's shell has
+-- it built in): the PTY stays cooked while the agent is uploaded as text,
+-- then the agent makes it raw itself; every byte value goes both ways, and
+-- a cut session comes back through a relay placed the same way.
+do
+  local image = "sbx-test-nostty:" .. sbx.core.pid()
+  local name = "sbx-nostty-build-" .. sbx.core.pid()
+  local out, code = H.sh(string.format("docker rm -f %s >/dev/null 2>&1; docker run --name %s %s rm /usr/bin/stty && " ..
+    "docker commit %s %s >/dev/null && docker rm %s >/dev/null", name, name, H.image, name, image, name))
+  assert(code == 0, "cannot build an image without stty: " .. out)
+  local nb, nerr = sbx.box { backend = "fargate", image = image, transport = "agent" }
+  tap.ok(nb and nb.transport == "agent", "no stty in the image: the agent is placed all the same", tostring(nerr))
+  if nb then
+    tap.is(nb:exec("command -v stty || echo none").stdout, "none\n", "(the image has no stty)")
+    local bytes = {}
+    for i = 0, 255 do bytes[#bytes + 1] = string.char(i) end
+    bytes = table.concat(bytes):rep(4)
+    tap.ok(nb:write_file("/tmp/all.bin", bytes), "every byte value into the box")
+    local back = nb:exec("cat /tmp/all.bin /tmp/all.bin > /tmp/two.bin; cat /tmp/two.bin")
+    tap.is(back and back.stdout_bytes, 2 * #bytes, "and out of a command, as many as went in")
+    tap.is(nb:read_file("/tmp/two.bin"), bytes .. bytes, "and back byte for byte (the PTY is raw)")
+    tap.is(nb:exec("exit 9").exit_code, 9, "exit statuses travel in the protocol")
+    nb:close()
+    -- A second box whose agent session is cut once a command prints a
+    -- word (the stand-in watches its output for it).
+    assert(standin:faults { drop_ws_on = "CUT-THE-SESSION-NOW", kill_on_drop = true })
+    local cb, cerr = sbx.box { backend = "fargate", image = image, transport = "agent" }
+    assert(standin:faults { drop_ws_on = sbx.json.null, kill_on_drop = false })
+    tap.ok(cb ~= nil, "a second box, its session to be cut by a word in its output", tostring(cerr))
+    if cb then
+      local want_bytes = tonumber((H.sh("seq 1 300000 | wc -c"):match("%d+")))
+      cb:exec("seq 1 300000 > /tmp/seq.txt")
+      local rr = cb:exec("echo CUT-THE-SESSION-NOW; cat /tmp/seq.txt; md5sum < /tmp/seq.txt >&2", { timeout = 120 })
+      local want5 = (H.sh("seq 1 300000 | md5sum"):gsub("%s+$", ""))
+      want_bytes = want_bytes + #"CUT-THE-SESSION-NOW\n"
+      tap.ok(rr and rr.stdout_bytes == want_bytes and rr.stdout:sub(-7) == "300000\n",
+        "2 MB of output across the cut: every byte once (" .. tostring(rr and rr.stdout_bytes) .. " of " .. want_bytes .. ")")
+      tap.is(rr and rr.stderr, want5 .. "\n", "and the command's own checksum of them")
+      tap.ok((cb.tstate.reattached or 0) >= 1, "after a re-attach through a relay placed as text (" ..
+        tostring(cb.tstate.reattached) .. ")")
+      tap.is(cb:exec("echo fine").stdout, "fine\n", "commands go on")
+      cb:close()
+    end
+  end
+  H.sh("docker rmi -f " .. image .. " >/dev/null 2>&1")
+end
+
 standin:stop()
 tap.done()

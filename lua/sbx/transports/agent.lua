@@ -898,8 +898,12 @@ function ST.kill(sess, cmd, signal, deadline)
   local sig = SIGNALS[tostring(signal or "KILL"):gsub("^SIG", "")] or 9
   cmd.mark_event = cmd.mark_event or core.event()
   send(st, T.SIGNAL, sess.job.id, string.char(sig, 2))
-  local half = math.max(0.001, ((deadline or core.now() + 2) - core.now()) / 2)
-  if cmd.completed or cmd.mark_event:wait(half) then return true end
+  -- Most of the time left goes to the interrupt (a slow channel, such as
+  -- a loaded SSM session, must not cost the shell); the rest to the
+  -- shell's own end.
+  local left = (deadline or core.now() + 2) - core.now()
+  local patience = math.max(0.001, left - math.min(0.5, left / 4))
+  if cmd.completed or cmd.mark_event:wait(patience) then return true end
   send(st, T.SIGNAL, sess.job.id, string.char(9, 1))
   sess.job.completed = true
   sess.reset_pending = true
