@@ -109,6 +109,25 @@ require("sbx").sleep(120)
   os.remove(out)
 end
 
+-- Unpacking leftovers in the image cache: a dead process's go, a live
+-- one's stay.
+do
+  local cache = assert(require("sbx.images.cache").open(sbx.policy.images))
+  local dead = tonumber((L.sh("sh -c 'echo $$'"):match("%d+")))
+  local gone_dir = string.format("%s/tmp/%d-reaptest", cache.dir, dead)
+  local live_dir = string.format("%s/tmp/%d-reaptest", cache.dir, sbx.core.pid())
+  L.sh(string.format("mkdir -p %s/root %s && echo x > %s/root/f", L.q(gone_dir), L.q(live_dir), L.q(gone_dir)))
+  local r = L.sh(L.q(bin) .. " reap --backend local --dry-run")
+  tap.like(r, "would remove image cache tmp/" .. dead .. "%-reaptest", "sbx reap --dry-run lists a dead process's unpacking leftover")
+  tap.ok(gone_dir and sbx.core.path_type(gone_dir) == "dir", "and leaves it")
+  r = L.sh(L.q(bin) .. " reap --backend local")
+  tap.like(r, "removed image cache tmp/" .. dead .. "%-reaptest %(an unpacking left by a process that is gone%)",
+    "sbx reap --backend local removes it")
+  tap.ok(not sbx.core.path_type(gone_dir), "it is gone")
+  tap.is(sbx.core.path_type(live_dir), "dir", "a live process's unpacking stays")
+  L.sh("rm -rf " .. L.q(live_dir))
+end
+
 -- The reaper leaves a live owner's boxes alone.
 do
   local box = assert(L.box {})

@@ -1102,6 +1102,16 @@ function M.reap(opts, pol)
       report.kept = report.kept + 1
     end
   end
+  -- The image cache's half-done downloads and unpackings of processes
+  -- that died (an sbx killed while it made a box from a new image).
+  local ok, cache = pcall(require("sbx.images.cache").open, pol.images)
+  if ok and cache then
+    local _, left = cache:clean_tmp(opts.dry_run)
+    for _, name in ipairs(left) do
+      report.removed[#report.removed + 1] = { id = name, name = "image cache tmp/" .. name,
+        reason = "an unpacking left by a process that is gone" }
+    end
+  end
   return report
 end
 

@@ -287,17 +287,21 @@ end
 
 -- Removal -----------------------------------------------------------------------
 
--- Leftovers of processes that died while unpacking or downloading.
-function Cache:clean_tmp()
-  local freed = 0
+-- Leftovers of processes that died while unpacking or downloading:
+-- removed (dry_run: only listed) -> count, { names }.
+function Cache:clean_tmp(dry_run)
+  local freed, names = 0, {}
   for _, name in ipairs(layer.list(self.dir .. "/tmp") or {}) do
     local pid = tonumber(name:match("^(%d+)%-"))
     local alive = pid and layer.stat("/proc/" .. pid) ~= nil
     if not alive then
-      if layer.remove(self.dir .. "/tmp/" .. name) then freed = freed + 1 end
+      if dry_run or layer.remove(self.dir .. "/tmp/" .. name) then
+        freed = freed + 1
+        names[#names + 1] = name
+      end
     end
   end
-  return freed
+  return freed, names
 end
 
 --[[
