@@ -157,6 +157,10 @@ print(c and (c.context .. " " .. c.namespace .. " " .. c.server) or ("ERR " .. t
 ]]))
 local out = H.sh(string.format("KUBECONFIG=%s/none.yaml:%s:%s %s run %s", dir, B, A, H.sbx_bin, child))
 tap.is(out, "ctx-b team-b https://127.0.0.1:1\n", "KUBECONFIG: files merged in order, a missing one skipped")
+-- Without KUBECONFIG: ~/.kube/config, as kubectl reads it.
+assert(os.execute(string.format("mkdir -p %s/home/.kube && cp %s %s/home/.kube/config", dir, B, dir)))
+out = H.sh(string.format("env -u KUBECONFIG HOME=%s/home %s run %s", dir, H.sbx_bin, child))
+tap.is(out, "ctx-b team-b https://127.0.0.1:1\n", "no KUBECONFIG: ~/.kube/config")
 
 -- Bearer tokens; no secret in messages.
 kubeconfig(dir .. "/badtoken.yaml", {
@@ -310,11 +314,21 @@ tap.is(out, string.format("in-cluster service account\tsa-ns\thttps://127.0.0.1:
   "in-cluster: KUBERNETES_SERVICE_HOST/PORT, the namespace file, the CA; a rotated token is read again")
 assert(standin:tokens { "tok-A-0123456789" })
 
--- A whole box with token login (the merged files).
+-- A whole box with token login (the merged files), traced: no token in
+-- the trace, nor in a failure's record.
+local trace_file = dir .. "/trace.jsonl"
+sbx.trace.start(trace_file)
 box, berr = sbx.box { backend = "kubernetes", image = H.busybox, kubeconfig = A .. ":" .. B }
 tap.ok(box and box:exec("echo ok").stdout == "ok\n", "a box through the merged files, bearer token", berr)
 local state = assert(standin:state())
 tap.is(state.pods[1] and state.pods[1].metadata.namespace, "team-a", "in the context's namespace")
 if box then box:close() end
+local bad_box = sbx.box { backend = "kubernetes", image = H.busybox, kubeconfig = dir .. "/badtoken.yaml" }
+tap.ok(bad_box == nil, "a box with a wrong token fails (traced)")
+sbx.trace.stop()
+local traced = K.read and K.read(trace_file) or H.sh("cat " .. trace_file)
+tap.ok(#traced > 0 and traced:find('"op":"create"', 1, true), "the trace recorded the boxes", traced:sub(1, 300))
+tap.ok(not traced:find("tok-A-0123456789", 1, true) and not traced:find("wrong-secret-token-987", 1, true),
+  "and holds no bearer token")
 standin:stop()
 tap.done()
