@@ -480,7 +480,8 @@ function M.create(spec, pol_)
   local name = spec.name or (spec.name_prefix .. string.format("%016x", math.random(0)):sub(1, 12))
   local function remove(racing)
     -- After an aborted create the daemon may still be making the container:
-    -- a 404 then means "not yet", so look again for a moment.
+    -- a 404 then means "not yet", so look again for a moment, and then
+    -- leave the name to the sweeper (a loaded daemon may make it later).
     for _ = 1, racing and pol().remove_retries or 1 do
       local st, _, rcode = call(d, "DELETE", "/containers/" .. urlq(name) .. "?force=true&v=true", nil,
         { ok = { [404] = true, [409] = true }, deadline = core.now() + pol().remove_interval * 10 })
@@ -488,6 +489,7 @@ function M.create(spec, pol_)
       if st ~= 404 then return end
       core.sleep(pol().remove_interval)
     end
+    if racing then sweep(d, name) end
   end
   -- The name is known before the daemon answers: whatever stops us half way
   -- (an interrupt, a cancel) removes what may already exist, then goes on.
