@@ -24,5 +24,7 @@ if ! curl -sf --unix-socket "$sock" http://localhost/_ping >/dev/null 2>&1; then
 fi
 curl -sf --unix-socket "$sock" http://localhost/_ping >/dev/null || { echo "podman service did not start" >&2; exit 1; }
 export DOCKER_HOST=unix://$sock
-scripts/build-images.sh
+# Podman's images are not Docker's (other ids): their archives go elsewhere,
+# so /var/lib/sbx/images stays the Docker daemon's own.
+SBX_ARCHIVES=/var/lib/sbx/images-podman scripts/build-images.sh
 tests/run.sh "$build"
