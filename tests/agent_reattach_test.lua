@@ -19,7 +19,7 @@ sbx.use_policy { agent = { reattach_timeout = 20, attach_timeout = 5 } }
 -- (a dropped connection), its listener stays.
 local sock = string.format("/tmp/sbx-reattach-%d.sock", core.pid())
 os.remove(sock)
-local pgid = H.sh(string.format("setsid socat UNIX-LISTEN:%s,fork UNIX-CONNECT:/var/run/docker.sock >/dev/null 2>&1 & echo $!", sock)):match("%d+")
+local pgid = H.sh(string.format("setsid socat UNIX-LISTEN:%s,fork UNIX-CONNECT:%s >/dev/null 2>&1 & echo $!", sock, H.daemon_socket())):match("%d+")
 for _ = 1, 100 do
   if core.path_type(sock) then break end
   sbx.sleep(0.05)
@@ -137,8 +137,8 @@ gbox:close()
 do
   local isock = string.format("/tmp/sbx-idle-%d.sock", core.pid())
   os.remove(isock)
-  local ipg = H.sh(string.format("setsid socat -T 1.5 UNIX-LISTEN:%s,fork UNIX-CONNECT:/var/run/docker.sock >/dev/null 2>&1 & echo $!",
-    isock)):match("%d+")
+  local ipg = H.sh(string.format("setsid socat -T 1.5 UNIX-LISTEN:%s,fork UNIX-CONNECT:%s >/dev/null 2>&1 & echo $!",
+    isock, H.daemon_socket())):match("%d+")
   for _ = 1, 100 do
     if core.path_type(isock) then break end
     sbx.sleep(0.05)

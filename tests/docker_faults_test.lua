@@ -82,7 +82,7 @@ tap.is(by.own126.status, "failed", "harness: a command's own exit 126 fails the 
 -- ECONNREFUSED, ENOENT, closed or exec_failed.
 local sock = string.format("/tmp/sbx-faults-%d.sock", sbx.core.pid())
 os.remove(sock)
-local pgid = H.sh(string.format("setsid socat UNIX-LISTEN:%s,fork UNIX-CONNECT:/var/run/docker.sock >/dev/null 2>&1 & echo $!", sock)):match("%d+")
+local pgid = H.sh(string.format("setsid socat UNIX-LISTEN:%s,fork UNIX-CONNECT:%s >/dev/null 2>&1 & echo $!", sock, H.daemon_socket())):match("%d+")
 for _ = 1, 100 do
   if sbx.core.path_type(sock) then break end
   sbx.sleep(0.05)

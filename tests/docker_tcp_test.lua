@@ -6,7 +6,7 @@ local H = require "helper"
 local sbx = require "sbx"
 
 local port = 23750 + (sbx.core.pid() % 200)
-local pid = H.sh(string.format("socat TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:/var/run/docker.sock >/dev/null 2>&1 & echo $!", port)):match("%d+")
+local pid = H.sh(string.format("socat TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:%s >/dev/null 2>&1 & echo $!", port, H.daemon_socket())):match("%d+")
 for _ = 1, 50 do
   if sbx.http.request { url = "http://127.0.0.1:" .. port .. "/_ping", timeout = 1 } then break end
   sbx.sleep(0.1)

@@ -7,6 +7,13 @@ H.image = os.getenv("SBX_TEST_IMAGE") or "sbx-debian:12"
 H.busybox = os.getenv("SBX_TEST_BUSYBOX") or "sbx-busybox:latest"
 H.sbx_bin = os.getenv("SBX_BIN") or "build/sbx"
 
+-- The unix socket of the daemon the tests use (DOCKER_HOST, which may be
+-- Podman's; else Docker's own), for proxies put in front of it.
+function H.daemon_socket()
+  local host = os.getenv("DOCKER_HOST") or ""
+  return host:match("^unix://(.+)$") or "/var/run/docker.sock"
+end
+
 -- The daemon sbx finds (DOCKER_HOST, ...), or the one at docker_host.
 function H.daemon(docker_host)
   return assert(require("sbx.backends.docker").connect(docker_host))
