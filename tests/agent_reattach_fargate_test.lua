@@ -69,8 +69,10 @@ box:close()
 do
   local image = "sbx-test-nostty:" .. sbx.core.pid()
   local name = "sbx-nostty-build-" .. sbx.core.pid()
-  local out, code = H.sh(string.format("docker rm -f %s >/dev/null 2>&1; docker run --name %s %s rm /usr/bin/stty && " ..
-    "docker commit %s %s >/dev/null && docker rm %s >/dev/null", name, name, H.image, name, image, name))
+  -- On the daemon where the stand-in runs its tasks.
+  local out, code = H.sh(string.format("export DOCKER_HOST=%s; docker rm -f %s >/dev/null 2>&1; " ..
+    "docker run --name %s %s rm /usr/bin/stty && docker commit %s %s >/dev/null && docker rm %s >/dev/null",
+    standin.docker_host, name, name, H.image, name, image, name))
   assert(code == 0, "cannot build an image without stty: " .. out)
   local nb, nerr = sbx.box { backend = "fargate", image = image, transport = "agent" }
   tap.ok(nb and nb.transport == "agent", "no stty in the image: the agent is placed all the same", tostring(nerr))
@@ -106,7 +108,7 @@ do
       cb:close()
     end
   end
-  H.sh("docker rmi -f " .. image .. " >/dev/null 2>&1")
+  H.sh("DOCKER_HOST=" .. standin.docker_host .. " docker rmi -f " .. image .. " >/dev/null 2>&1")
 end
 
 standin:stop()

@@ -27,7 +27,7 @@ local function taskdef(box)
 end
 local function container(box)
   for _, t in ipairs(assert(st:state()).tasks) do
-    if t.taskArn == box.handle.arn then return H.container(t.containers[1].runtimeId) end
+    if t.taskArn == box.handle.arn then return H.container(t.containers[1].runtimeId, st.docker_host) end
   end
 end
 local function has(list, x)
