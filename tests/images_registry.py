@@ -297,6 +297,11 @@ def sh(*cmd):
     return r.stdout.decode()
 
 
+# skopeo's docker-daemon: transport asks the daemon the tests use (DOCKER_HOST,
+# which make test-podman points at Podman), as the docker CLI does.
+SRC_DAEMON = ["--src-daemon-host", os.environ["DOCKER_HOST"]] if os.environ.get("DOCKER_HOST") else []
+
+
 def image_id(name):
     return sh("docker", "image", "inspect", "-f", "{{.Id}}", name).strip()
 
@@ -416,12 +421,12 @@ def fixtures(d):
         try:
             dest = "docker://127.0.0.1:%d/" % rport
             creds = ["--dest-creds", "pusher:pushpass", "--dest-tls-verify=false"]
-            sh("skopeo", "copy", "-q", *creds, "docker-daemon:" + BUSYBOX, dest + "library/busybox:latest")
-            sh("skopeo", "copy", "-q", *creds, "docker-daemon:" + BUSYBOX, dest + "private/busybox:latest")
-            sh("skopeo", "copy", "-q", *creds, "docker-daemon:" + DEBIAN, dest + "library/debian:12")
-            sh("skopeo", "copy", "-q", "docker-daemon:" + BUSYBOX, "oci:" + os.path.join(tmp, "oci-busybox") + ":latest")
-            sh("skopeo", "copy", "-q", "docker-daemon:" + BUSYBOX, "oci-archive:" + os.path.join(tmp, "busybox-oci.tar") + ":latest")
-            sh("skopeo", "copy", "-q", "docker-daemon:" + BUSYBOX, "docker-archive:" + os.path.join(tmp, "busybox-docker.tar") + ":" + BUSYBOX)
+            sh("skopeo", "copy", "-q", *SRC_DAEMON, *creds, "docker-daemon:" + BUSYBOX, dest + "library/busybox:latest")
+            sh("skopeo", "copy", "-q", *SRC_DAEMON, *creds, "docker-daemon:" + BUSYBOX, dest + "private/busybox:latest")
+            sh("skopeo", "copy", "-q", *SRC_DAEMON, *creds, "docker-daemon:" + DEBIAN, dest + "library/debian:12")
+            sh("skopeo", "copy", "-q", *SRC_DAEMON, "docker-daemon:" + BUSYBOX, "oci:" + os.path.join(tmp, "oci-busybox") + ":latest")
+            sh("skopeo", "copy", "-q", *SRC_DAEMON, "docker-daemon:" + BUSYBOX, "oci-archive:" + os.path.join(tmp, "busybox-oci.tar") + ":latest")
+            sh("skopeo", "copy", "-q", *SRC_DAEMON, "docker-daemon:" + BUSYBOX, "docker-archive:" + os.path.join(tmp, "busybox-docker.tar") + ":" + BUSYBOX)
             # A multi-platform index: two one-file images, linux/arm64/v8 and linux/amd64.
             multi = os.path.join(tmp, "oci-multi")
             new_layout(multi)

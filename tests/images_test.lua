@@ -81,9 +81,11 @@ t.ok(named and named.digest == busybox_id, "docker-archive:PATH:NAME")
 local r, e, c = images.resolve("docker-archive:" .. fx .. "/busybox-docker.tar:other:tag", { policy = pol })
 t.ok(r == nil and c == "not_found" and e:find("sbx%-busybox"), "docker-archive with a name it lacks: the names it has", tostring(e))
 
--- skopeo writes an OCI config (another digest) over the same layer.
+-- skopeo writes an OCI config over the same layer: another digest than
+-- Docker's config, the same as Podman's (whose images are OCI already).
+local daemon_is_oci = H.daemon().podman
 local oa = images.resolve("oci-archive:" .. fx .. "/busybox-oci.tar:latest", { policy = pol })
-t.ok(oa and oa.digest ~= busybox_id and oa.source == "oci-archive" and oa.diff_ids[1] == da.diff_ids[1],
+t.ok(oa and (daemon_is_oci or oa.digest ~= busybox_id) and oa.source == "oci-archive" and oa.diff_ids[1] == da.diff_ids[1],
   "oci-archive:PATH:TAG: the same layer")
 local od = images.resolve("oci:" .. fx .. "/oci-busybox:latest", { policy = pol })
 t.ok(od and od.digest == oa.digest and od.manifest and od.source == "oci", "oci:DIR:TAG: the oci-archive's image")
@@ -92,7 +94,8 @@ t.ok(od2 and od2.digest == oa.digest, "oci:DIR with one image needs no tag")
 r, e, c = images.resolve("oci:" .. fx .. "/oci-busybox:nope", { policy = pol })
 t.ok(r == nil and c == "not_found" and e:find('"nope"') and e:find("latest"), "oci:DIR:TAG it lacks: its tags", tostring(e))
 t.is(#IH.ls(cdir .. "/layers/sha256"), 1, "four sources, one layer on disk (stored by diff id)")
-t.is(#IH.ls(cdir .. "/images"), 2, "two image records (docker's config and skopeo's OCI one)")
+t.is(#IH.ls(cdir .. "/images"), daemon_is_oci and 1 or 2,
+  "image records: Docker's config and skopeo's OCI one (one under Podman: the same config)")
 r, e, c = images.resolve("oci:/nonexistent/dir", { policy = pol })
 t.is(c, "not_found", "oci: a missing directory")
 r, e, c = images.resolve("docker-archive:/nonexistent.tar", { policy = pol })
