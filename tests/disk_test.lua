@@ -63,9 +63,26 @@ tap.like(box.limits.disk.note, "overlay2? on extfs", "and the note says why")
 local t0 = sbx.now()
 local r, err, code = box:exec("dd if=/dev/zero of=/work/x bs=1M count=300")
 local took = sbx.now() - t0
-tap.is(r, nil, "a 300 MiB writer in a 100 MiB box fails", r and r.output)
-tap.is(code, "disk_exceeded", "with disk_exceeded")
-tap.like(err, "past its disk limit of 105 MB", "and a message that says what happened")
+local daemon = H.daemon()
+if r ~= nil and daemon.podman then
+  -- Podman answers a size query by walking the layer, slower than this dd
+  -- writes: the writer can finish before a poll sees it (the overshoot the
+  -- README states); the box is frozen at the next poll.
+  local frozen = false
+  for _ = 1, 100 do
+    local ci = H.container(box.id)
+    if ci and ci.State.Paused then frozen = true break end
+    sbx.sleep(0.1)
+  end
+  tap.ok(frozen, "Podman: the writer finished before a poll saw it; the box is frozen at the next poll")
+  r, err, code = box:exec("true")
+  tap.is(code, "disk_exceeded", "with disk_exceeded")
+  tap.like(err, "past its disk limit of 105 MB", "and a message that says what happened")
+else
+  tap.is(r, nil, "a 300 MiB writer in a 100 MiB box fails", r and r.output)
+  tap.is(code, "disk_exceeded", "with disk_exceeded")
+  tap.like(err, "past its disk limit of 105 MB", "and a message that says what happened")
+end
 tap.ok(took < 10, string.format("promptly (%.2f s), not hanging on the frozen writer", took))
 
 local info = H.container(box.id)

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-VERSION = "3"
+VERSION = "4"   # of the fixtures' recipe: a change here rebuilds fixtures a build directory kept
 ISSUER, SERVICE = "sbx-test-issuer", "sbx-test-registry"
 USERS = {"pusher": "pushpass", "reader": "readpass"}
 BUSYBOX = os.environ.get("SBX_TEST_BUSYBOX", "sbx-busybox:latest")
