@@ -33,40 +33,8 @@ local function sbx() return package.loaded.sbx or package.loaded["sbx.init"] or 
 
 -- Values ---------------------------------------------------------------------------
 
-local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-local function base64(s)
-  local out = {}
-  for i = 1, #s, 3 do
-    local a, b, c = s:byte(i, i + 2)
-    local n = a * 65536 + (b or 0) * 256 + (c or 0)
-    local q = {}
-    for k = 3, 0, -1 do
-      local v = (n >> (6 * k)) & 63
-      q[#q + 1] = B64:sub(v + 1, v + 1)
-    end
-    if not b then q[3], q[4] = "=", "=" elseif not c then q[4] = "=" end
-    out[#out + 1] = table.concat(q)
-  end
-  return table.concat(out)
-end
-
-local function unbase64(s)
-  local map = {}
-  for i = 1, 64 do map[B64:byte(i)] = i - 1 end
-  local out = {}
-  s = s:gsub("[^%w+/]", "")
-  for i = 1, #s, 4 do
-    local n, k = 0, 0
-    for j = i, i + 3 do
-      local v = map[s:byte(j) or 0]
-      if v then n = n * 64 + v; k = k + 1 else n = n * 64 end
-    end
-    local bytes = string.char((n >> 16) & 255, (n >> 8) & 255, n & 255)
-    out[#out + 1] = bytes:sub(1, k - 1)
-  end
-  return table.concat(out)
-end
+local b64 = require "sbx.base64"
+local base64, unbase64 = b64.encode, b64.decode
 
 -- Bytes in a trace: a string when it is UTF-8, else { base64 = ... }.
 function M.bytes_out(s)

@@ -12,40 +12,8 @@ local core = require "sbx.core"
 
 local M = {}
 
-local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-function M.base64(s)
-  local out = {}
-  for i = 1, #s, 3 do
-    local a, b, c = s:byte(i, i + 2)
-    local n = a * 65536 + (b or 0) * 256 + (c or 0)
-    local q = {}
-    for k = 3, 0, -1 do
-      local v = (n >> (6 * k)) & 63
-      q[#q + 1] = B64:sub(v + 1, v + 1)
-    end
-    if not b then q[3], q[4] = "=", "=" elseif not c then q[4] = "=" end
-    out[#out + 1] = table.concat(q)
-  end
-  return table.concat(out)
-end
-
-function M.unbase64(s)
-  local map = {}
-  for i = 1, 64 do map[B64:byte(i)] = i - 1 end
-  local out = {}
-  s = s:gsub("[^%w+/]", "")
-  for i = 1, #s, 4 do
-    local n, k = 0, 0
-    for j = i, i + 3 do
-      local v = map[s:byte(j) or 0]
-      if v then n = n * 64 + v; k = k + 1 else n = n * 64 end
-    end
-    local bytes = string.char((n >> 16) & 255, (n >> 8) & 255, n & 255)
-    out[#out + 1] = bytes:sub(1, k - 1)
-  end
-  return table.concat(out)
-end
+local b64 = require "sbx.base64"
+M.base64, M.unbase64 = b64.encode, b64.decode
 
 -- The directory holding config.json.
 function M.config_dir(pol)
@@ -134,7 +102,7 @@ function M.lookup(host, pol)
         end
         local user, pass = a.username, a.password
         if type(a.auth) == "string" and a.auth ~= "" then
-          user, pass = M.unbase64(a.auth):match("^([^:]*):(.*)$")
+          user, pass = (M.unbase64(a.auth) or ""):match("^([^:]*):(.*)$")
           if not user then return nil, string.format("%s/config.json: auths[%q].auth is not base64 of user:password", dir, k) end
         end
         if type(user) == "string" and type(pass) == "string" then

@@ -30,26 +30,9 @@ local function home() return os.getenv("HOME") or "/root" end
 
 local function fail(msg) return nil, msg, "kubeconfig" end
 
--- Base64 (standard alphabet, padding optional, whitespace ignored).
-local B64 = {}
-for i, c in ipairs { ("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):byte(1, -1) } do
-  B64[c] = i - 1
-end
-function M.unbase64(s)
-  s = s:gsub("[%s=]", "")
-  local out, bits, n = {}, 0, 0
-  for i = 1, #s do
-    local v = B64[s:byte(i)]
-    if not v then return nil end
-    bits = (bits << 6) | v
-    n = n + 6
-    if n >= 8 then
-      n = n - 8
-      out[#out + 1] = string.char((bits >> n) & 0xFF)
-    end
-  end
-  return table.concat(out)
-end
+-- Base64 (sbx.base64: padding optional, whitespace ignored, nil when not base64).
+local b64 = require "sbx.base64"
+M.unbase64 = b64.decode
 
 -- The files to read: list, explicit.
 function M.paths(explicit)
@@ -379,18 +362,6 @@ function M.credentials(conn, pol, refresh)
   return v
 end
 
-local ALPHA = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-function M.base64(s)
-  return ((s:gsub(".", function(x)
-    local r, b = "", x:byte()
-    for i = 8, 1, -1 do r = r .. (b % 2 ^ i - b % 2 ^ (i - 1) > 0 and "1" or "0") end
-    return r
-  end) .. "0000"):gsub("%d%d%d?%d?%d?%d?", function(x)
-    if #x < 6 then return "" end
-    local c = 0
-    for i = 1, 6 do c = c + (x:sub(i, i) == "1" and 2 ^ (6 - i) or 0) end
-    return ALPHA:sub(c + 1, c + 1)
-  end) .. ({ "", "==", "=" })[#s % 3 + 1])
-end
+M.base64 = b64.encode
 
 return M
