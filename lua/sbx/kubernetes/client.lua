@@ -205,10 +205,15 @@ function Client:exec(ns, pod, container, argv, opts)
     attempt = attempt + 1
     local base, err, code = self:_prepare(refreshed)
     if not base then return nil, err, code end
+    -- The API server proxies the upgrade with these headers to the
+    -- kubelet, whose /exec route answers 406 to an Accept other than */*
+    -- (docs/kubernetes.md).
+    base.headers.Accept = "*/*"
     local ws, werr, wcode = core.ws.connect {
       url = url, headers = base.headers, protocols = pol.exec_protocols,
       ca_data = base.ca_data, cert_data = base.cert_data, key_data = base.key_data, insecure = base.insecure,
       timeout = math.max(0.001, deadline - core.now()), max_message = pol.exec_max_message,
+      max_send = pol.exec_max_send,
     }
     if ws then
       local proto = ws:info().protocol
@@ -218,7 +223,8 @@ function Client:exec(ns, pod, container, argv, opts)
           table.concat(pol.exec_protocols, ", ") .. ")", "exec_failed"
       end
       self.exec_protocol = proto
-      return setmetatable({ ws = ws, protocol = proto, v5 = proto == "v5.channel.k8s.io" }, Exec)
+      return setmetatable({ ws = ws, protocol = proto, v5 = proto == "v5.channel.k8s.io",
+        max_send = pol.exec_max_send }, Exec)
     end
     local status = upgrade_status(werr)
     if status == 401 and not refreshed then
@@ -228,16 +234,24 @@ function Client:exec(ns, pod, container, argv, opts)
       core.sleep(math.min(pol.backoff.max, pol.backoff.base * 2 ^ (attempt - 1)) * math.random())
     else
       local code2 = status == 404 and "not_found" or status == 403 and "forbidden" or
-        status == 401 and "unauthorized" or (status == 400 and "exec_failed") or wcode
-      return nil, string.format("exec in pod %s: %s", pod, tostring(werr)), code2
+        status == 401 and "unauthorized" or (status == 400 and "exec_failed") or
+        (status == 406 and "exec_failed") or wcode
+      return nil, string.format("exec in pod %s (GET %s): %s", pod, path, tostring(werr)), code2
     end
   end
 end
 
--- exec:send_stdin(bytes) -> true | nil, message, code
+-- exec:send_stdin(bytes) -> true | nil, message, code. As messages of at
+-- most max_send bytes, channel byte included, each one frame: the exec
+-- server reads every frame as a message of its own (docs/kubernetes.md).
 function Exec:send_stdin(bytes)
-  local ok, err, code = self.ws:send("\0" .. bytes, "binary")
-  if not ok then return nil, err, code end
+  local room = self.max_send - 1
+  local pos = 1
+  repeat
+    local ok, err, code = self.ws:send("\0" .. bytes:sub(pos, pos + room - 1), "binary")
+    if not ok then return nil, err, code end
+    pos = pos + room
+  until pos > #bytes
   return true
 end
 
