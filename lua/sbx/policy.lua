@@ -831,6 +831,11 @@ policy.kubernetes = {
   -- lifetime): a watch of this process's pods while boxes are open, and a
   -- look at the pod when an exec stream ends without an exit status.
   gone_check_timeout = 10,              -- seconds for that look
+  -- A stream cut (or SIGKILLed) while the pod still looks alive: seconds
+  -- the watch gets to report the pod's end before it counts as the
+  -- command's own (the kubelet kills containers and posts the status
+  -- about together).
+  gone_grace = 2,
   runtime_class = nil,                  -- runtimeClassName (e.g. "gvisor", "kata")
   node_selector = nil,                  -- { ["kubernetes.io/arch"] = "amd64" }
   tolerations = nil,                    -- a list of toleration objects

@@ -329,6 +329,7 @@ end
 local function mark_gone(h, why)
   if h.gone or h.destroyed then return end
   h.gone = why
+  if h.gone_ev then h.gone_ev:set() end
   for ex in pairs(h.streams) do pcall(ex.close, ex) end
 end
 M.mark_gone = mark_gone
@@ -448,6 +449,17 @@ local function check_gone(h)
   return h.gone
 end
 M.check_gone = check_gone
+
+-- A stream that ended oddly (cut, or a signal nobody sent) may be the
+-- pod's end seen before its status says so (the kubelet kills the
+-- containers and posts the status about together): look, and give the
+-- watch gone_grace seconds to bring the news. -> why it is gone | nil
+local function gone_after_stream(h, expected)
+  if h.destroyed then return nil end
+  if check_gone(h) then return h.gone end
+  if not expected and h.gone_ev then h.gone_ev:wait(h.k.gone_grace) end
+  return h.gone
+end
 
 -- Waits for a joined pod until it runs, fails or the deadline: true | nil,
 -- message, code.
@@ -617,7 +629,7 @@ function M.create(spec, pol)
       kubeconfig = k.kubeconfig }, pol) end)
   end
   local name = random_name(k.name_prefix)
-  local h = { id = name, name = name, client = c, k = k, streams = {}, namespace = c.namespace }
+  local h = { id = name, name = name, client = c, k = k, streams = {}, namespace = c.namespace, gone_ev = core.event() }
   local deadline = core.now() + k.start_timeout
   local w
   local ok, res, rerr, rcode = pcall(function()
@@ -748,8 +760,9 @@ local function pump(h, job, ex, sink, req)
   h.streams[ex] = nil
   -- A stream that ended because the pod went (deleted, evicted, its
   -- lifetime) is the box gone, whatever the runtime said on the way out.
-  if not req.is_kill and not h.destroyed and (h.gone or not status or
-      (client_mod.exit_status(status) or 0) >= 128 or not client_mod.exit_status(status)) and check_gone(h) then
+  local ecode = status and client_mod.exit_status(status)
+  if not req.is_kill and not h.destroyed and (h.gone or not ecode or ecode >= 128)
+      and gone_after_stream(h, job.killed or (ecode and ecode ~= 137)) then
     job.error, job.code = h.gone, "box_gone"
     sink:finish("box_gone", h.gone)
     return
@@ -824,6 +837,7 @@ end
 -- kill(handle, job, signal, deadline) -> true | nil, message, code: box.lua's
 -- in-box kill, as another exec.
 function M.kill(h, job, signal, deadline)
+  job.killed = true
   local req = require("sbx.box").kill_request(signal, job)
   req.is_kill = true
   local kjob, err, code = M.start(h, req)
@@ -897,7 +911,7 @@ local function run_agent(h, opts, args)
     ready:set()
     go:set()
     if not sink:info().eof then
-      if not h.destroyed and check_gone(h) then sink:finish("box_gone", h.gone)
+      if gone_after_stream(h, false) then sink:finish("box_gone", h.gone)
       else sink:finish("agent_lost", why or "the exec stream ended") end
     end
   end)
