@@ -135,7 +135,7 @@ for _, transport in ipairs { "exec", "agent" } do
   tap.is(code, "box_gone", transport .. ": and so is the next command", err)
   b:close()
 
-  local lb = assert(box { transport = transport, lifetime = 4 })
+  local lb = assert(box { transport = transport, lifetime = 10 })
   local lr = { lb:exec("sleep 100", { timeout = 90 }) }
   tap.ok(lr[1] == nil and lr[3] == "box_gone" and tostring(lr[2]):find("lifetime", 1, true), tostring(lr[2]) .. " " .. tostring(lr[3]) .. " " ..
     transport .. ": a command running when the pod's lifetime ends is box_gone, saying so " .. (type(lr[1]) == "table" and tostring(lr[1].exit_code) or ""))
