@@ -23,7 +23,10 @@ local function box(opts)
   return sbx.box(opts)
 end
 local kb = require "sbx.backends.kubernetes"
-local client = assert(kb.client { in_cluster = false })
+local kspec = {}
+for key, v in pairs(sbx.policy.kubernetes) do kspec[key] = v end
+kspec.in_cluster = false
+local client = assert(kb.client(kspec))
 local function pods()
   local _, list = assert(client:call("GET", "/api/v1/namespaces/" .. client.namespace .. "/pods",
     { query = { labelSelector = "sbx.owner.pid=" .. sbx.core.pid() } }))
@@ -31,6 +34,13 @@ local function pods()
 end
 
 print("# server: " .. client.conn.server .. ", image " .. image)
+
+-- 0. A refusal in the server's own words, with the request.
+do
+  local ex, err, code = client:exec(client.namespace, "no-such-pod", "box", { "true" })
+  check(ex == nil and code == "not_found" and tostring(err):find('pods "no-such-pod" not found', 1, true),
+    "a refused exec upgrade says the server's words and the request", err)
+end
 
 -- 1. Accept and unfragmented messages, on both transports.
 local big = {}

@@ -25,7 +25,14 @@ local function box(opts)
   opts.backend, opts.image, opts.transport = "kubernetes", opts.image or H.busybox, opts.transport or "exec"
   return sbx.box(opts)
 end
-local client = assert(kbackend.client { kubeconfig = standin.kubeconfig, in_cluster = false })
+-- A client as the backend makes them: policy.kubernetes, in full.
+local function kspec()
+  local k = {}
+  for key, v in pairs(sbx.policy.kubernetes) do k[key] = v end
+  k.in_cluster = false
+  return k
+end
+local client = assert(kbackend.client(kspec()))
 local function delete_pod(name)
   return client:call("DELETE", "/api/v1/namespaces/default/pods/" .. name, { query = { gracePeriodSeconds = "0" },
     ok = { [404] = true } })
@@ -52,6 +59,16 @@ do
   tap.is(assert(b:exec("echo hi")).stdout, "hi\n", "sbx's exec upgrade is accepted")
   tap.is(state().execs.refused_accept, refused, "sbx never sent a refused Accept")
   b:close()
+end
+
+-- A refusal in the server's own words, with the request that caused it.
+do
+  local ex, err, code = client:exec("default", "nope", "box", { "true" })
+  tap.ok(ex == nil and code == "not_found" and tostring(err):find('pods "nope" not found', 1, true)
+    and tostring(err):find("GET /api/v1/namespaces/default/pods/nope/exec", 1, true),
+    "a refused exec upgrade: the server's Status message and the request", err)
+  local msg = require("sbx.kubernetes.client").status_error(406, "406: Not Acceptable")
+  tap.like(msg, "406: Not Acceptable", "a refusal that is not a Status keeps the server's text")
 end
 
 -- No fragments --------------------------------------------------------------------------------

@@ -54,12 +54,18 @@ local function query_string(q)
 end
 M.query_string = query_string
 
--- The message and code of a failed call from its Status body (or status).
+-- The message and code of a failed call from its Status body (or, when
+-- the body is not a Status, the server's own text, such as the kubelet's
+-- "406: Not Acceptable").
 function M.status_error(status, body)
   local st = type(body) == "string" and body ~= "" and json.decode(body) or nil
   if type(st) == "table" and st.kind == "Status" then
     local code = REASON_CODES[st.reason] or ("http_" .. tostring(status))
     return tostring(st.message or st.reason or ("HTTP " .. status)), code, st
+  end
+  local text = type(body) == "string" and body:gsub("%s+$", ""):sub(1, 300) or ""
+  if text ~= "" and not text:find("[%z\1-\8\14-\31]") then
+    return string.format("HTTP %d from the API server: %s", status, text), "http_" .. tostring(status)
   end
   return string.format("HTTP %d from the API server", status), "http_" .. tostring(status)
 end
@@ -236,9 +242,26 @@ function Client:exec(ns, pod, container, argv, opts)
       local code2 = status == 404 and "not_found" or status == 403 and "forbidden" or
         status == 401 and "unauthorized" or (status == 400 and "exec_failed") or
         (status == 406 and "exec_failed") or wcode
-      return nil, string.format("exec in pod %s (GET %s): %s", pod, path, tostring(werr)), code2
+      local words = status and self:_refusal(path, q, base, pol) or nil
+      return nil, string.format("exec in pod %s (GET %s): %s%s", pod, path, tostring(werr),
+        words and (": " .. words) or ""), code2
     end
   end
+end
+
+-- The server's own words for a refused exec upgrade. core.ws reads only
+-- the status line of a refusal (libwebsockets 4.1 drops the body), so the
+-- same upgrade request is sent once more through libcurl, which reads the
+-- body; a refusal that is the server's decision (403, 404, 406, a pod that
+-- is not running) comes back the same. -> text | nil
+function Client:_refusal(path, q, base, pol)
+  local r = self:request { method = "GET", path = path, query = q, retries = 0,
+    timeout = math.min(10, pol.request_timeout), headers = {
+      Accept = base.headers.Accept, Connection = "Upgrade", Upgrade = "websocket", ["Sec-WebSocket-Version"] = "13",
+      ["Sec-WebSocket-Key"] = "c2J4LXJlZnVzYWwtd29yZHM=", ["Sec-WebSocket-Protocol"] = table.concat(pol.exec_protocols, ", "),
+    } }
+  if not r or r.status == 101 or r.status < 300 then return nil end
+  return (M.status_error(r.status, r.body))
 end
 
 -- exec:send_stdin(bytes) -> true | nil, message, code. As messages of at
