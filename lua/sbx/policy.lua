@@ -827,15 +827,15 @@ policy.kubernetes = {
   -- it and says so; false does not check.
   network_check = "note",
   network_check_timeout = 3,            -- seconds each connection attempt may take
-  -- Checking whether a box's pod is gone (deleted, evicted, past its
-  -- lifetime): a watch of this process's pods while boxes are open, and a
-  -- look at the pod when an exec stream ends without an exit status.
+  -- Whether a box's pod is gone (deleted, evicted, past its lifetime) is
+  -- looked at (a GET of the pod) when an exec stream ends without an exit
+  -- status, with a SIGKILL nobody sent, or an exec is refused.
   gone_check_timeout = 10,              -- seconds for that look
-  -- A stream cut (or SIGKILLed) while the pod still looks alive: seconds
-  -- the watch gets to report the pod's end before it counts as the
-  -- command's own (the kubelet kills containers and posts the status
-  -- about together).
+  -- While the pod still looks alive then: seconds to keep looking, every
+  -- gone_poll, before the end counts as the command's own (the kubelet
+  -- kills the containers and posts the status about together).
   gone_grace = 2,
+  gone_poll = 0.25,
   runtime_class = nil,                  -- runtimeClassName (e.g. "gvisor", "kata")
   node_selector = nil,                  -- { ["kubernetes.io/arch"] = "amd64" }
   tolerations = nil,                    -- a list of toleration objects

@@ -198,6 +198,7 @@ local RULES = {
   ["kubernetes.network_check_timeout"] = POS,
   ["kubernetes.gone_check_timeout"] = POS,
   ["kubernetes.gone_grace"] = num { ge = 0 },
+  ["kubernetes.gone_poll"] = POS,
   ["kubernetes.exec_max_url"] = int { gt = 500 },
   ["kubernetes.stdin_chunk"] = int { gt = 0 },
   ["kubernetes.kill_timeout"] = POS,

@@ -293,7 +293,7 @@ end
 -- resourceVersion seen, one that expired (410) starts over. A box joins
 -- before its pod is posted, so no event of its pod can be missed.
 
-local watchers = {}              -- client -> { waiting = name -> waiter, live = name -> handle, task }
+local watchers = {}              -- client -> { waiting = name -> waiter, task }
 
 local function settle(wt, w, ok, msg, code)
   if w.result then return end
@@ -324,12 +324,10 @@ function M.gone_reason(pod)
 end
 
 -- A box whose pod is gone: every command after this is box_gone, and its
--- open exec streams (running commands, the agent's channel) are cut, so
--- what runs fails now instead of at its timeout.
+-- open exec streams (running commands, the agent's channel) are cut.
 local function mark_gone(h, why)
   if h.gone or h.destroyed then return end
   h.gone = why
-  if h.gone_ev then h.gone_ev:set() end
   for ex in pairs(h.streams) do pcall(ex.close, ex) end
 end
 M.mark_gone = mark_gone
@@ -337,7 +335,7 @@ M.mark_gone = mark_gone
 local function watch_loop(c, wt)
   local rv
   local selector = "sbx.owner.pid=" .. owner.identity().pid
-  while next(wt.waiting) or next(wt.live) do
+  while next(wt.waiting) do
     local res, _, code = c:watch(ns_path(c, "pods"), {
       labelSelector = selector, resourceVersion = rv, allowWatchBookmarks = "true",
       timeoutSeconds = c.pol.watch_timeout,
@@ -345,7 +343,6 @@ local function watch_loop(c, wt)
       local meta = type(obj) == "table" and type(obj.metadata) == "table" and obj.metadata or {}
       rv = meta.resourceVersion or rv
       local w = meta.name and wt.waiting[meta.name]
-      local h = meta.name and wt.live[meta.name]
       if w and etype == "DELETED" then
         settle(wt, w, false, "the pod was deleted before it ran", "pod_failed")
       elseif w and etype ~= "BOOKMARK" then
@@ -357,21 +354,12 @@ local function watch_loop(c, wt)
           w.waiting_for = m
           if m and w.k.on_wait then pcall(w.k.on_wait, meta.name, m) end
         end
-      elseif h and etype == "DELETED" then
-        wt.live[meta.name] = nil
-        mark_gone(h, "the box's pod was deleted")
-      elseif h and etype ~= "BOOKMARK" then
-        local why = M.gone_reason(obj)
-        if why then
-          wt.live[meta.name] = nil
-          mark_gone(h, why)
-        end
       end
-      if not next(wt.waiting) and not next(wt.live) then return false end
+      if not next(wt.waiting) then return false end
     end)
     if not res then
       if code == "expired" then rv = nil end
-      if next(wt.waiting) or next(wt.live) then core.sleep(0.1) end
+      if next(wt.waiting) then core.sleep(0.1) end
     end
   end
 end
@@ -379,7 +367,7 @@ end
 local function watcher_of(c)
   local wt = watchers[c]
   if not wt then
-    wt = { waiting = {}, live = {} }
+    wt = { waiting = {} }
     watchers[c] = wt
   end
   return wt
@@ -391,7 +379,7 @@ local function ensure_task(c, wt)
     pcall(watch_loop, c, wt)
     wt.task = nil
     -- Boxes that joined while the loop was ending get a new loop.
-    if next(wt.waiting) or next(wt.live) then ensure_task(c, wt) end
+    if next(wt.waiting) then ensure_task(c, wt) end
   end)
 end
 
@@ -404,7 +392,7 @@ local function join_watch(c, name, k)
 end
 
 local function stop_if_idle(wt)
-  if not next(wt.waiting) and not next(wt.live) and wt.task then
+  if not next(wt.waiting) and wt.task then
     local t = wt.task
     wt.task = nil
     t:cancel()
@@ -415,20 +403,6 @@ local function leave_watch(c, w)
   local wt = watchers[c]
   if not wt then return end
   wt.waiting[w.name] = nil
-  stop_if_idle(wt)
-end
-
--- A running box stays watched until it is closed (box_gone detection).
-local function watch_live(c, h)
-  local wt = watcher_of(c)
-  wt.live[h.name] = h
-  ensure_task(c, wt)
-end
-
-local function unwatch_live(c, h)
-  local wt = watchers[c]
-  if not wt or wt.live[h.name] ~= h then return end
-  wt.live[h.name] = nil
   stop_if_idle(wt)
 end
 
@@ -450,14 +424,21 @@ local function check_gone(h)
 end
 M.check_gone = check_gone
 
--- A stream that ended oddly (cut, or a signal nobody sent) may be the
--- pod's end seen before its status says so (the kubelet kills the
--- containers and posts the status about together): look, and give the
--- watch gone_grace seconds to bring the news. -> why it is gone | nil
+-- A stream that ended oddly (cut, without an exit code, or with a
+-- SIGKILL nobody sent) may be the pod's end seen before its status says so
+-- (the kubelet kills the containers and posts the status about together):
+-- look at the pod, and again every gone_poll seconds for gone_grace. No
+-- task watches an idle box (one would keep `sbx run` from ending).
+-- -> why it is gone | nil
 local function gone_after_stream(h, expected)
   if h.destroyed then return nil end
   if check_gone(h) then return h.gone end
-  if not expected and h.gone_ev then h.gone_ev:wait(h.k.gone_grace) end
+  if expected then return nil end
+  local until_t = core.now() + h.k.gone_grace
+  while not h.gone and not h.destroyed and core.now() < until_t do
+    core.sleep(h.k.gone_poll)
+    check_gone(h)
+  end
   return h.gone
 end
 
@@ -635,7 +616,7 @@ function M.create(spec, pol)
       kubeconfig = k.kubeconfig }, pol) end)
   end
   local name = random_name(k.name_prefix)
-  local h = { id = name, name = name, client = c, k = k, streams = {}, namespace = c.namespace, gone_ev = core.event() }
+  local h = { id = name, name = name, client = c, k = k, streams = {}, namespace = c.namespace }
   local deadline = core.now() + k.start_timeout
   local w
   local ok, res, rerr, rcode = pcall(function()
@@ -648,7 +629,6 @@ function M.create(spec, pol)
       h.netpol = true
     end
     w = join_watch(c, name, k)
-    watch_live(c, h)
     local st, pod, pcode = c:call("POST", ns_path(c, "pods"), { body = pod_body(k, name) })
     if not st then
       if pcode == "already_exists" then
@@ -684,7 +664,6 @@ function M.destroy(h, detached, deadline)
   h.destroyed = true
   for s in pairs(h.streams) do pcall(s.close, s) end
   local c = h.client
-  unwatch_live(c, h)
   local function go()
     local timeout = deadline and math.max(0.5, deadline - core.now()) or nil
     local st, err, code = true, nil, nil
