@@ -776,9 +776,20 @@ policy.kubernetes = {
   name_prefix = "sbx-",                 -- pod (and NetworkPolicy) names: <prefix><12 hex digits>
   start_timeout = 300,                  -- seconds from create to a running container (image pull included)
   -- An Unschedulable pod fails the box at once with the scheduler's
-  -- message; false waits (a cluster autoscaler may add a node) until
-  -- start_timeout.
+  -- message (a node selector, taint or affinity no node meets); false
+  -- waits (a cluster autoscaler may add a node) until start_timeout.
   fail_unschedulable = true,
+  -- Scheduler messages that mean "full for now", not "never": a pod whose
+  -- message holds one of these waits until start_timeout (the box says
+  -- what it waits for) and then fails with the scheduler's message. Plain
+  -- substrings of the message ("0/3 nodes are available: 1 Insufficient
+  -- cpu, 2 node(s) didn't match Pod's node affinity/selector.").
+  wait_unschedulable = { "Insufficient cpu", "Insufficient memory", "Insufficient ephemeral-storage",
+    "Too many pods" },
+  -- on_wait(box_name, message): called when a pod starts waiting for a
+  -- reason (and when the reason changes); nil: nothing is said until the
+  -- box runs or start_timeout passes.
+  on_wait = nil,
   watch_timeout = 300,                  -- seconds a readiness watch asks the server to keep open (then it is renewed)
   request_timeout = 30,                 -- seconds per API call
   connect_timeout = 10,
@@ -792,15 +803,39 @@ policy.kubernetes = {
   exec_protocols = { "v5.channel.k8s.io", "v4.channel.k8s.io" },
   exec_connect_timeout = 30,            -- seconds to open one exec stream
   exec_max_message = 16 * MiB,          -- the largest websocket message taken from the server
+  -- The largest websocket message sbx sends on an exec stream, as one frame
+  -- (core.ws never fragments): the exec server reads each frame as a
+  -- message and its first byte as the channel (docs/kubernetes.md). Stdin,
+  -- the agent's loader and agent frames are split to fit.
+  exec_max_send = 64 * KiB,
   -- The longest exec URL sbx sends (libwebsockets cuts a request line near
   -- 2 kB); commands travel on stdin, so the URL is a short boot line.
   exec_max_url = 2000,
-  stdin_chunk = 64 * KiB,               -- stdin bytes per websocket message
+  stdin_chunk = 64 * KiB - 1,           -- stdin bytes per websocket message (exec_max_send less the channel byte)
   kill_timeout = 10,                    -- seconds the in-box kill may take
   -- The pod: resources are the box's memory, cpus and disk as limits;
-  -- requests = nil makes requests equal the limits (Guaranteed QoS), or
-  -- give them, e.g. { cpu = "250m", memory = "256Mi" }.
+  -- requests = nil asks for request_fraction of each limit (Burstable QoS:
+  -- a node holds 1/fraction times as many boxes as its allocatable
+  -- says); request_fraction = 1 makes requests equal the limits
+  -- (Guaranteed QoS); or give them, e.g. { cpu = "250m", memory = "256Mi" }.
   requests = nil,
+  request_fraction = 0.25,
+  -- network = "none": after the pod runs, sbx tries from inside the box to
+  -- connect to the API server's address (and the node's kubelet port);
+  -- box.limits.network says "verified" or "not enforced by this cluster".
+  -- "refuse" fails (and deletes) a box whose check connects; "note" keeps
+  -- it and says so; false does not check.
+  network_check = "note",
+  network_check_timeout = 3,            -- seconds each connection attempt may take
+  -- Whether a box's pod is gone (deleted, evicted, past its lifetime) is
+  -- looked at (a GET of the pod) when an exec stream ends without an exit
+  -- status, with a SIGKILL nobody sent, or an exec is refused.
+  gone_check_timeout = 10,              -- seconds for that look
+  -- While the pod still looks alive then: seconds to keep looking, every
+  -- gone_poll, before the end counts as the command's own (the kubelet
+  -- kills the containers and posts the status about together).
+  gone_grace = 2,
+  gone_poll = 0.25,
   runtime_class = nil,                  -- runtimeClassName (e.g. "gvisor", "kata")
   node_selector = nil,                  -- { ["kubernetes.io/arch"] = "amd64" }
   tolerations = nil,                    -- a list of toleration objects

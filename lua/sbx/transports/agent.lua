@@ -482,11 +482,11 @@ local function reader(st, gen)
     end
     if ev == "eof" and not st.dead and st.gen == gen then
       local info = ch:info()
-      -- A code the backend set (disk_exceeded) is the box's, not the agent's.
+      -- A code the backend set (disk_exceeded, box_gone) is the box's, not the agent's.
       local code = info.error_code ~= "closed" and info.error_code or nil
       local why = st.drop_reason or info.error or "the agent ended the channel"
       st.drop_reason = nil
-      if code == "disk_exceeded" or not can_reattach(st) or not st.hello_done then
+      if code == "disk_exceeded" or code == "box_gone" or not can_reattach(st) or not st.hello_done then
         M.lost(st, why, code)
       else
         local ok, err, ecode = reattach(st, why, gen)
