@@ -352,14 +352,6 @@ function M.limits(spec, pol)
   out.no_new_privileges = { enforced = "kernel", note = "bubblewrap always sets no_new_privs" }
   out.init = { enforced = "kernel", note = "sbx-agent is PID 1 of the box's PID namespace and reaps every orphan" }
   out.ulimits = { enforced = "rlimit", note = "set by sbx-launch before bubblewrap" }
-  local mode = proc_mode(pol)
-  out.proc = mode == "copy" and { enforced = "copy", note = "this container masks its /proc: the box's /proc " ..
-    "is read-only copies of policy.local.proc_files, without /proc/self or any process (docs/local-in-containers.md)" }
-    or { enforced = "kernel", note = "a proc of the box's own PID namespace" }
-  local ids = f.ids
-  out.ids = { enforced = "kernel", note = ids.kind == "range" and string.format("%d ids, the same host ids", ids.count)
-    or ids.kind == "subid" and string.format("%d ids: the user's own and /etc/subuid's range (newuidmap)", ids.count)
-    or "a single id, the user's own: " .. tostring(ids.why) }
   -- A limit above sbx's own hard limit cannot be set without
   -- CAP_SYS_RESOURCE in the host's user namespace (even root may lack it).
   for name, v in pairs(spec.ulimits or {}) do
@@ -1064,6 +1056,16 @@ function M.create(spec, pol)
     if not lok then error(launched, 0) end
     return nil, lmsg, lcode or "launch_failed"
   end
+  -- What this box got where the kernel decided (box.limits.proc, .ids).
+  local ids = f.ids
+  h.limits = {
+    proc = h.proc_mode == "copy" and { enforced = "kernel", note = "copies: this container masks its /proc, " ..
+      "so the box's /proc is read-only copies of policy.local.proc_files, without /proc/self or any " ..
+      "process (docs/local-in-containers.md)" } or { enforced = "kernel", note = "a proc of the box's own PID namespace" },
+    ids = { enforced = "kernel", note = ids.kind == "range" and string.format("%d ids, the same host ids", ids.count)
+      or ids.kind == "subid" and string.format("%d ids: the user's own and its /etc/subuid range (newuidmap)", ids.count)
+      or "a single id, the user's own: " .. tostring(ids.why) },
+  }
   h.env = box_env(spec, pol, src)
   h.default_user = src.config.user ~= "" and src.config.user or nil
   watch_lifetime(h, spec.lifetime)
