@@ -133,7 +133,7 @@ $(BUILD)/libsbx.so: $(LIB_OBJS)
 $(BUILD)/sbx.so: $(LIB_OBJS)
 	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(BUILD)/sbx: $(BUILD)/main.o $(BUILD)/libsbx.a
+$(BUILD)/sbx: $(BUILD)/main.o $(BUILD)/init.o $(BUILD)/libsbx.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB) -lm
 
 $(BUILD)/unit_capture: tests/unit_capture.c $(BUILD)/capture.o

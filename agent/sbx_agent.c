@@ -545,70 +545,168 @@ on_parent_death(int sig)
   agent_gone = 1;
 }
 
+/* The host's /proc, where the box has none of its own (a container that
+** masks parts of its /proc: the kernel then refuses a new proc mount);
+** sbx-launch opened it before the box's namespaces and bubblewrap passed it
+** on ("--proc-fd N"). Its pids are the host's: each process's NSpid line
+** names its pid in the box's namespace, the proc_depth-th entry. -1:
+** the box's own /proc. */
+static int proc_fd = -1, proc_depth;
+static char proc_ns[64];
+
+/* Reads at most n - 1 bytes of a file under the proc directory dir. */
+static ssize_t
+read_proc(int dir, const char *name, char *buf, size_t n)
+{
+  int fd = openat(dir, name, O_RDONLY | O_CLOEXEC);
+  ssize_t r;
+  if (fd < 0)
+    return -1;
+  r = read(fd, buf, n - 1);
+  close(fd);
+  if (r >= 0)
+    buf[r] = 0;
+  return r;
+}
+
+/* A status file's NSpid entries: how many, and the one at index want. */
+static int
+nspid(const char *status, int want, pid_t *out)
+{
+  const char *p = strstr(status, "\nNSpid:");
+  int n = 0;
+  char *end;
+  if (!p)
+    return 0;
+  p += 7;
+  for (;;) {
+    long v = strtol(p, &end, 10);
+    if (end == p)
+      break;
+    if (n == want)
+      *out = (pid_t)v;
+    n++;
+    p = end;
+  }
+  return n;
+}
+
+/* One process of a /proc listing: its id in the listing, its parent's
+** there, and its pid in the box (what kill() takes): 0, or -1 when it is
+** gone or not of the box. */
+static int
+proc_entry(int dir, const char *name, pid_t *id, pid_t *ppid, pid_t *boxpid)
+{
+  char path[64], line[4096];
+  *id = (pid_t)atoi(name);
+  if (proc_fd < 0) {
+    snprintf(path, sizeof path, "%s/stat", name);
+    if (read_proc(dir, path, line, sizeof line) <= 0)
+      return -1;
+    char *rp = strrchr(line, ')');
+    if (!rp || sscanf(rp + 2, "%*c %d", ppid) != 1)
+      return -1;
+    *boxpid = *id;
+    return 0;
+  }
+  snprintf(path, sizeof path, "%s/status", name);
+  if (read_proc(dir, path, line, sizeof line) <= 0)
+    return -1;
+  const char *pp = strstr(line, "\nPPid:");
+  if (!pp || sscanf(pp + 6, "%d", ppid) != 1 || nspid(line, proc_depth - 1, boxpid) < proc_depth)
+    return -1;
+  return 0;
+}
+
+/* Is the process id (in the host's /proc) in the box's PID namespace? */
+static int
+in_box(int dir, pid_t id)
+{
+  char path[64], ns[64];
+  ssize_t r;
+  snprintf(path, sizeof path, "%d/ns/pid", (int)id);
+  r = readlinkat(dir, path, ns, sizeof ns - 1);
+  if (r <= 0)
+    return 0;
+  ns[r] = 0;
+  return strcmp(ns, proc_ns) == 0;
+}
+
 /* Kills every descendant of root (not root): stop them all, look again
 ** until no new one appears, then signal them and let them go on. Returns
-** how many were signalled. */
+** how many were signalled. Members are kept as ids of the /proc listing
+** (the host's, with --proc-fd) and signalled by their pids in the box. */
 static int
 kill_tree(pid_t root, int sig)
 {
-  pid_t members[8192];
+  static pid_t members[8192], pids[8192];
   int n = 0, round, added, i, count = 0;
-  members[n++] = root;
+  pid_t root_id = root;
+  int dfd = openat(proc_fd >= 0 ? proc_fd : AT_FDCWD, proc_fd >= 0 ? "." : "/proc",
+                   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  struct dirent *e;
+  if (!d) {
+    if (dfd >= 0)
+      close(dfd);
+    return 0;
+  }
+  if (proc_fd >= 0) {
+    /* root's id in the host's listing. */
+    root_id = 0;
+    while ((e = readdir(d))) {
+      pid_t id, ppid, bp;
+      if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && proc_entry(dfd, e->d_name, &id, &ppid, &bp) == 0 &&
+          bp == root && in_box(dfd, id)) {
+        root_id = id;
+        break;
+      }
+    }
+    if (!root_id) {
+      closedir(d);
+      return 0;
+    }
+  }
+  members[0] = root_id;
+  pids[n++] = root;
   for (round = 0; round < 16; round++) {
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    if (!d)
-      break;
     added = 0;
     /* Passes until no new child of a member turns up in this listing. */
     for (;;) {
       int grew = 0;
       rewinddir(d);
       while ((e = readdir(d))) {
-        char path[64], line[512];
-        pid_t pid = (pid_t)atoi(e->d_name);
-        int fd, k;
-        ssize_t r;
-        if (pid <= 1)
+        pid_t id, ppid, bp;
+        int k;
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || proc_entry(dfd, e->d_name, &id, &ppid, &bp) != 0 || bp <= 1)
           continue;
-        for (k = 0; k < n && members[k] != pid; k++)
+        for (k = 0; k < n && members[k] != id; k++)
           ;
         if (k < n)
-          continue;
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-          continue;
-        r = read(fd, line, sizeof line - 1);
-        close(fd);
-        if (r <= 0)
-          continue;
-        line[r] = 0;
-        char *rp = strrchr(line, ')');
-        pid_t ppid;
-        if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1)
           continue;
         for (k = 0; k < n && members[k] != ppid; k++)
           ;
         if (k < n && n < (int)(sizeof members / sizeof *members)) {
-          members[n++] = pid;
+          members[n] = id;
+          pids[n++] = bp;
           if (sig == SIGKILL)
-            kill(pid, SIGSTOP);
+            kill(bp, SIGSTOP);
           grew = added = 1;
         }
       }
       if (!grew)
         break;
     }
-    closedir(d);
     if (!added || sig != SIGKILL)
       break;
   }
+  closedir(d);
   for (i = 1; i < n; i++)
-    if (kill(members[i], sig) == 0)
+    if (kill(pids[i], sig) == 0)
       count++;
   if (sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
     for (i = 1; i < n; i++)
-      kill(members[i], SIGCONT);
+      kill(pids[i], SIGCONT);
   return count;
 }
 
@@ -722,12 +820,12 @@ struct spawn_req {
 static void __attribute__((noreturn))
 supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, int mark_w)
 {
-  int keep[] = { in_r, out_w, err_w, status_w, mark_w };
+  int keep[] = { in_r, out_w, err_w, status_w, proc_fd, mark_w };
   int errp[2];
   pid_t cmd;
   struct sigaction sa;
   sigset_t all;
-  close_others(keep, mark_w >= 0 ? 5 : 4);
+  close_others(keep, mark_w >= 0 ? 6 : 5);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_parent_death;
@@ -1753,6 +1851,19 @@ main(int argc, char **argv)
   }
   if (argc == 3 && strcmp(argv[1], "attach") == 0)
     return attach_main(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--proc-fd") == 0) {
+    char st[4096];
+    ssize_t r;
+    proc_fd = atoi(argv[2]);
+    if (proc_fd < 3 || fcntl(proc_fd, F_SETFD, FD_CLOEXEC) != 0)
+      die("sbx-agent: --proc-fd %s is not an open fd", argv[2]);
+    /* The box's PID namespace and its depth in that /proc. */
+    r = readlinkat(proc_fd, "self/ns/pid", proc_ns, sizeof proc_ns - 1);
+    if (r <= 0 || read_proc(proc_fd, "self/status", st, sizeof st) <= 0 || (proc_depth = nspid(st, -1, NULL)) < 1)
+      die("sbx-agent: cannot read the box's own entry in the /proc of --proc-fd");
+    proc_ns[r] = 0;
+    argc -= 2;
+  }
   A.in = 0;
   A.out = 1;
   A.listen_fd = -1;

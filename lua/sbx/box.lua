@@ -113,6 +113,9 @@ function M.new(opts)
   end
   local handle, err, code = backend.create(spec, pol)
   if not handle then
+    -- A backend that cannot work here at all: sbx run says this one line
+    -- when the script raises it (assert), without a Lua traceback.
+    if code == "unsupported" then M.last_refusal = err end
     if tr then tr.created(t0, spec, nil, err, code) end
     return nil, err, code
   end

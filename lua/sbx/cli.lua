@@ -153,6 +153,10 @@ function commands.run(args)
     pcall(sbx.drain)
     return 128 + last
   end
+  -- A refusal of the environment (the local backend without user
+  -- namespaces, say) raised by the script's assert: the line, not a trace.
+  local refusal = require("sbx.box").last_refusal
+  if refusal and tostring(e):find(refusal, 1, true) then err(refusal) return 1 end
   err(tostring(e))
   return 1
 end

@@ -751,6 +751,28 @@ policy["local"] = {
   -- Record-less box directories (a create cut short) older than this many
   -- seconds are leftovers for the reaper.
   stale_after = 60,
+  -- The box's /proc. "mount": a proc of its own (the box's PID namespace),
+  -- else the box is refused. Inside a container whose /proc is masked
+  -- (Docker's default: /proc/kcore, /proc/sys and others are covered),
+  -- the kernel refuses a new proc mount to a user namespace. "auto": a
+  -- proc of its own where the kernel allows one, else "copy". "copy": a
+  -- read-only /proc of copies of proc_files, taken at the box's start; the
+  -- box keeps its PID namespace and the agent sees the container's /proc
+  -- (docs/local-in-containers.md says what a box gives up).
+  proc = "auto",
+  proc_files = { "cpuinfo", "meminfo", "stat", "uptime", "loadavg", "version", "filesystems",
+    "cmdline", "devices", "diskstats", "partitions", "swaps", "zoneinfo", "vmstat" },
+  -- One line each where the local backend cannot isolate at all.
+  messages = {
+    proc_masked = "the local backend cannot mount a /proc for its box here (a container whose /proc is " ..
+      "masked): start the container with --security-opt systempaths=unconfined, or set " ..
+      "policy[\"local\"].proc = \"copy\" (a /proc of copies; docs/local-in-containers.md)",
+    userns_blocked = "the local backend needs user namespaces, which this system refuses (%s): in a " ..
+      "container, start it with --security-opt seccomp=unconfined --security-opt apparmor=unconfined " ..
+      "(Docker's default seccomp profile blocks them); on a host, allow unprivileged user namespaces " ..
+      "(sysctl kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0); " ..
+      "or use backend = \"docker\"",
+  },
   -- sbx-launch processes started ahead of the next box (each in the
   -- cgroups of its future box, waiting): under cgroup v1 joining a cgroup
   -- after a quiet spell waits for an RCU grace period (milliseconds), which

@@ -228,6 +228,12 @@ local RULES = {
   ["local.destroy_wait"] = POS,
   ["local.stale_after"] = POS,
   ["local.spares"] = int { ge = 0 },
+  ["local.proc"] = str { enum = { "auto", "mount", "copy" } },
+  ["local.proc_files"] = list(str { check = function(v)
+    if not v:match("^[%w_.-]+$") or v == "." or v == ".." then return "must be a file name in /proc" end
+  end }),
+  ["local.messages.proc_masked"] = str(),
+  ["local.messages.userns_blocked"] = str(),
 }
 M.RULES = RULES
 
