@@ -49,8 +49,8 @@ LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 # libsbx (agent_blob.S) so sbx can place it into any box. x86_64 with musl
 # when musl-gcc is there (small), else the system compiler statically;
 # aarch64 with Debian's cross compiler when it is installed.
-AGENT_SRCS  := agent/sbx_agent.c src/agent_proto.c src/sha256.c
-AGENT_HDRS  := src/agent_proto.h src/sha256.h
+AGENT_SRCS  := agent/sbx_agent.c src/agent_proto.c src/sha256.c src/pty_escape.c
+AGENT_HDRS  := src/agent_proto.h src/sha256.h src/pty_escape.h
 AGENT_CC    ?= $(shell command -v musl-gcc >/dev/null 2>&1 && echo musl-gcc || echo $(CC))
 AGENT_CROSS ?= aarch64-linux-gnu-
 AGENT_FLAGS := -static -O2 -std=gnu11 $(WARN) -Isrc
