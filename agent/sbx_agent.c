@@ -36,6 +36,7 @@
 */
 #define _GNU_SOURCE
 #include "agent_proto.h"
+#include "pty_escape.h"
 #include "sha256.h"
 
 #include <dirent.h>
@@ -1665,10 +1666,12 @@ detach(const char *why)
 
 /* Copies bytes both ways between (in, out) and sock until either side ends:
 ** the relay of "attach" and of the relay modes. Knows nothing of frames. */
+static int escape_out;   /* --escape: what goes to the channel is escaped (pty_escape.h) */
+
 static int
 relay(int in, int out, int sock)
 {
-  uint8_t up[CHUNK], down[CHUNK];
+  static uint8_t up[CHUNK], down[2 * CHUNK], raw[CHUNK];
   size_t up_n = 0, up_off = 0, down_n = 0, down_off = 0;
   int in_open = 1, sock_open = 1;
   set_nonblock(in);
@@ -1703,9 +1706,9 @@ relay(int in, int out, int sock)
           in_open = 0;
         }
       } else if (fds[i].fd == sock && (fds[i].events & POLLIN)) {
-        r = read(sock, down, sizeof down);
+        r = escape_out ? read(sock, raw, sizeof raw) : read(sock, down, CHUNK);
         if (r > 0) {
-          down_n = (size_t)r;
+          down_n = escape_out ? sbx_pty_escape(raw, (size_t)r, down) : (size_t)r;
           down_off = 0;
         } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
           sock_open = 0;
@@ -1844,8 +1847,12 @@ main(int argc, char **argv)
 {
   struct sigaction sa;
   uint8_t mode;
-  if (argc >= 2 && strcmp(argv[1], SBX_AP_SAY_RAW) == 0) {
-    say_raw = 1;
+  /* --say-raw and --escape, in any order, before the rest. */
+  while (argc >= 2 && (strcmp(argv[1], SBX_AP_SAY_RAW) == 0 || strcmp(argv[1], SBX_AP_ESCAPE) == 0)) {
+    if (strcmp(argv[1], SBX_AP_SAY_RAW) == 0)
+      say_raw = 1;
+    else
+      escape_out = 1;
     argc--;
     argv++;
   }

@@ -137,6 +137,10 @@
 ** where the loader could not make the PTY raw itself (no stty), the host
 ** sends nothing more until it sees it. */
 #define SBX_AP_SAY_RAW "--say-raw"
+/* "sbx-agent --escape ...": the relay (relay modes and attach) escapes what
+** it writes to the channel (pty_escape.h), for a channel through the SSM
+** agent, which rewrites EF BF BD. */
+#define SBX_AP_ESCAPE "--escape"
 #define SBX_AP_RAW_LINE "__SBXAGENT_raw__\n"
 /* Seconds the agent gives a connection to prove the key. */
 #define SBX_AP_ATTACH_AUTH_SECONDS 10

@@ -862,7 +862,10 @@ local function text_upload(bin)
 end
 
 local function run_agent(h, opts, args)
-  local argstr = #args > 0 and (" " .. table.concat(args, " ")) or ""
+  -- The relay escapes what the agent sends: the SSM agent turns every
+  -- EF BF BD of the output into a lone EF (docs/aws-protocol.md 1.9).
+  local argstr = " " .. core.agent.escape_arg .. (#args > 0 and (" " .. table.concat(args, " ")) or "")
+  local unescape = core.agent.pty_decoder()
   local script = 'if stty raw -echo 2>/dev/null; then t=; else t=text_; fi; ' ..
     'printf "' .. AGENT_READY .. '%s%s__\\n" "$t" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
     'd=$(mktemp -d 2>/dev/null) || exit 125; ' ..
@@ -881,7 +884,12 @@ local function run_agent(h, opts, args)
   local s, serr, scode = session_mod.open {
     url = out.session.streamUrl, token = out.session.tokenValue, pol = h.f.ssm,
     on_output = function(bytes)
-      if placed then sink:push("stdout", bytes) return end
+      if placed then
+        local clear, why = unescape:decode(bytes)
+        if clear then sink:push("stdout", clear)
+        elseif not sink:info().eof then sink:finish("bad_frame", why) end
+        return
+      end
       if #seen < 512 then seen = seen .. bytes:sub(1, 512 - #seen) end
       -- Only the tail matters while looking for a marker (the echo of a
       -- text upload is hundreds of kilobytes).
@@ -902,7 +910,11 @@ local function run_agent(h, opts, args)
         -- the PTY raw): what follows is the agent's.
         placed = true
         local rest = said:sub(stop + 1)
-        if #rest > 0 then sink:push("stdout", rest) end
+        if #rest > 0 then
+          local clear, why = unescape:decode(rest)
+          if clear then sink:push("stdout", clear)
+          else sink:finish("bad_frame", why) end
+        end
         go:set()
         return
       end
