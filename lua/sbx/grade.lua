@@ -199,15 +199,22 @@ local function check_same(ctx, box, task)
   -- kill -9 -1 from inside: every process but the agent (PID 1) and the
   -- killer itself; twice, for a child forked while the first ran.
   -- The killer's own supervisor goes too, so its result says nothing
-  -- (the process "vanished"): the count below is what tells.
-  for _ = 1, 2 do
-    require("sbx.box").helper_exec(box, { bb, "kill", "-9", "-1" }, { timeout = 30 })
+  -- (the process "vanished"): the count that follows is what tells. A
+  -- killed process stays in /proc until the agent reaps it, so a few
+  -- rounds, a tenth of a second apart.
+  local BOX = require "sbx.box"
+  local count = 'n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; ' ..
+    '[ "$p" = 1 ] || [ "$p" = $$ ] || [ "$p" = "$PPID" ] || n=$((n+1)); done; echo $n'
+  local left
+  for _ = 1, 50 do
+    BOX.helper_exec(box, { bb, "kill", "-9", "-1" }, { timeout = 30 })
+    left = BOX.helper_exec(box, { bb, "sh", "-c", count }, { timeout = 30 })
+    if left and left.exit_code == 0 and tonumber(left.stdout) == 0 then break end
+    sbx_mod().sleep(0.1)
   end
-  local left = require("sbx.box").helper_exec(box, { bb, "sh", "-c",
-    'n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || [ "$p" = "$PPID" ] || n=$((n+1)); done; echo $n' },
-    { timeout = 30 })
   if not left or left.exit_code ~= 0 or tonumber(left.stdout) ~= 0 then
-    ctx.infra("the run's processes did not all go before the check: " .. tostring(left and left.stdout or ""), "kill_failed")
+    ctx.infra("the run's processes did not all go before the check: " ..
+      tostring(left and left.stdout or "no count"), "kill_failed")
   end
   write_files(ctx, box, task, task.check_files)
   local function wrap(cmd)
