@@ -169,7 +169,7 @@ end
 -- close_run_box(), new_box() -> box (closed by the harness's ctx.track).
 local function check_fresh(ctx, box, task)
   local clean
-  if task.outputs then
+  if task.outputs and #task.outputs > 0 then
     local reason
     clean, reason = take_outputs(ctx, box, task)
     if not clean then ctx.close_run_box(); ctx.res.reason = reason; return false end

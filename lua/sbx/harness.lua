@@ -6,9 +6,11 @@
 --     tasks = {
 --       { id = "add", files = { ["/work/t.sh"] = "test $((1+1)) = 2" },
 --         setup = { "echo ready" }, run = "sh /work/t.sh", timeout = 30 },
---       { id = "grep", run = "echo hello > /tmp/o", check = "grep -q hello /tmp/o" },
+--       { id = "grep", run = "echo hello > /tmp/o", check = "grep -q hello /tmp/o",
+--         outputs = { "/tmp/o" } },        -- what a fresh check box gets (grade.lua)
 --       { id = "lua", run = function(box, task) return box:exec("true") end,
---         check = function(box, task) return box:read_file("/etc/hostname") ~= nil end },
+--         check = function(box, task) return box:read_file("/etc/hostname") ~= nil end,
+--         outputs = {} },
 --     },
 --     concurrency = 8, box = { image = "sbx-busybox:latest" },
 --     out = "results.jsonl",            -- appended as each task ends; resumable
