@@ -34,6 +34,19 @@ local function build_preload()
   return so
 end
 
+-- A static program left behind by a run: it attaches (ptrace) to every
+-- new sh and grep and rewrites their exit status to 0
+-- (tests/data/ptrace_forger.c; x86_64 only).
+local function build_tracer()
+  local _, code = H.sh(string.format("uname -m | grep -qx x86_64 && { musl-gcc -static -O2 -o %s/tr tests/data/ptrace_forger.c" ..
+    " || cc -static -O2 -o %s/tr tests/data/ptrace_forger.c; }", scratch, scratch))
+  if code ~= 0 then return nil end
+  local f = assert(io.open(scratch .. "/tr", "rb"))
+  local d = f:read("a")
+  f:close()
+  return d
+end
+
 -- A tar archive with an entry that climbs out with "..", made by Python's
 -- tarfile (tar itself refuses to write one).
 local function dotdot_tar()
@@ -53,7 +66,7 @@ local WRONG = "mkdir -p /work && echo wrong > /work/answer"
 local OUT = { "/work/answer" }
 
 -- The attacks: each a task whose honest verdict is "failed".
-local function attacks(preload, evil_tar)
+local function attacks(preload, evil_tar, tracer)
   local t = {
     { id = "honest-pass", run = "mkdir -p /work && echo correct > /work/answer", check = CHECK, outputs = OUT },
     { id = "honest-fail", run = WRONG, check = CHECK, outputs = OUT },
@@ -86,6 +99,15 @@ local function attacks(preload, evil_tar)
     t[#t + 1] = { id = "ld-preload", outputs = OUT, files = { ["/tmp/p.so"] = preload }, check = CHECK,
       run = WRONG .. " && cp /tmp/p.so /lib/p.so && echo /lib/p.so > /etc/ld.so.preload" }
   end
+  if tracer then
+    local start = " && chmod +x /tmp/tr && (setsid /tmp/tr </dev/null >/dev/null 2>&1 &) ; sleep 0.3"
+    -- The control: with no protection (the run's own grep), the forger
+    -- turns a failing grep into status 0.
+    t[#t + 1] = { id = "ptrace-control", files = { ["/tmp/tr"] = tracer },
+      run = WRONG .. start .. "; sh -c 'sleep 1; " .. CHECK .. "'" }
+    t[#t + 1] = { id = "ptrace", outputs = OUT, files = { ["/tmp/tr"] = tracer },
+      check = "sleep 1; " .. CHECK, run = WRONG .. start .. "; true" }
+  end
   if evil_tar then
     -- tar itself replaced: the run box's tar prints an archive with "..".
     t[#t + 1] = { id = "tar-dotdot", outputs = { "/work/out" }, files = { ["/tmp/e.tar"] = evil_tar },
@@ -96,7 +118,15 @@ local function attacks(preload, evil_tar)
   return t
 end
 
-local function expect(name, r, preload, evil_tar)
+local function expect(name, r, preload, evil_tar, tracer)
+  if tracer then
+    tap.is((r["ptrace-control"] or {}).status, "passed", name .. ": the ptrace forger works on an unprotected grep")
+    local x = r.ptrace or {}
+    tap.is(x.status, "failed", name .. ": a process left to ptrace the check cannot forge its status (" .. tostring(x.reason or x.error) .. ")")
+  else
+    tap.skip(name .. ": no static x86_64 compiler for the ptrace forger")
+    tap.skip(name .. ": no static x86_64 compiler for the ptrace forger")
+  end
   tap.is(r["honest-pass"] and r["honest-pass"].status, "passed", name .. ": an honest answer passes")
   tap.is(r["honest-fail"] and r["honest-fail"].status, "failed", name .. ": a wrong answer fails")
   for _, id in ipairs { "replace-sh", "left-writer", "left-output", "test-file" } do
@@ -124,14 +154,14 @@ local function expect(name, r, preload, evil_tar)
   end
 end
 
-local preload, evil_tar = build_preload(), dotdot_tar()
+local preload, evil_tar, tracer = build_preload(), dotdot_tar(), build_tracer()
 local saved = sbx.policy.grade.max_output_bytes
 sbx.policy.grade.max_output_bytes = 1024 * 1024
 
 -- Docker, fresh check boxes.
 local s = harness.run { concurrency = 4, box = { image = H.image }, progress = "none",
-  tasks = attacks(preload, evil_tar) }
-expect("docker", by_id(s.results), preload, evil_tar)
+  tasks = attacks(preload, evil_tar, tracer) }
+expect("docker", by_id(s.results), preload, evil_tar, tracer)
 
 -- Docker refuses a same-box check, and says why.
 s = harness.run { concurrency = 1, box = { image = H.image }, progress = "none",
@@ -147,12 +177,12 @@ tap.ok(not ok and tostring(e):find("add outputs", 1, true), "no outputs: " .. to
 -- The local backend (as root): fresh boxes, then the same box.
 local root = L.rootfs(H.image)
 s = harness.run { concurrency = 4, backend = "local", box = { image = "rootfs:" .. root }, progress = "none",
-  tasks = attacks(preload, evil_tar) }
-expect("local", by_id(s.results), preload, evil_tar)
+  tasks = attacks(preload, evil_tar, tracer) }
+expect("local", by_id(s.results), preload, evil_tar, tracer)
 
 local same = {}
-for _, t in ipairs(attacks(preload, nil)) do
-  if t.id ~= "tar-symlink" and t.id ~= "tar-huge" and t.id ~= "test-file" then
+for _, t in ipairs(attacks(preload, nil, tracer)) do
+  if t.id ~= "tar-symlink" and t.id ~= "tar-huge" and t.id ~= "test-file" and t.id ~= "ptrace-control" then
     t.check_box = "same"
     t.outputs = nil
     same[#same + 1] = t
@@ -162,7 +192,7 @@ s = harness.run { concurrency = 4, backend = "local", box = { image = "rootfs:" 
   tasks = same }
 local r = by_id(s.results)
 tap.is(r["honest-pass"] and r["honest-pass"].status, "passed", "local same box: an honest answer passes")
-for _, id in ipairs { "honest-fail", "replace-sh", "left-writer", "left-output", "ld-preload" } do
+for _, id in ipairs { "honest-fail", "replace-sh", "left-writer", "left-output", "ld-preload", "ptrace" } do
   if r[id] then
     tap.is(r[id].status, "failed", string.format("local same box: %s fails (%s)", id, tostring(r[id].reason or r[id].error)))
   else
