@@ -99,6 +99,9 @@ out_write(struct archive *a, void *ud, const void *buf, size_t n)
   return (la_ssize_t)n;
 }
 
+static int fail(char *err, size_t errsz, int code, const char *fmt, ...)
+  __attribute__((format(printf, 4, 5)));
+
 static int
 fail(char *err, size_t errsz, int code, const char *fmt, ...)
 {

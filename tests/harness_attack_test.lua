@@ -174,6 +174,17 @@ tap.ok(x.status == "error" and x.code == "unsupported" and tostring(x.error):fin
 local ok, e = pcall(harness.run, { progress = "none", tasks = { { id = "no-out", run = "true", check = "true" } } })
 tap.ok(not ok and tostring(e):find("add outputs", 1, true), "no outputs: " .. tostring(e))
 
+-- The same from the command line: a usage error (exit 2) that says what to
+-- add; --check-box takes fresh or same only.
+local tf = scratch .. "/t.jsonl"
+local fh = assert(io.open(tf, "wb"))
+fh:write(sbx.json.encode { id = "cli", run = "true", check = "true" }, "\n")
+fh:close()
+local text, code = H.sh(string.format("%s eval %s --image %s", H.sbx_bin, tf, H.busybox))
+tap.ok(code == 2 and text:find("add outputs", 1, true), "sbx eval: no outputs is a usage error: " .. text)
+text, code = H.sh(string.format("%s eval %s --check-box maybe", H.sbx_bin, tf))
+tap.ok(code == 2 and text:find("--check-box must be fresh or same", 1, true), "sbx eval: a bad --check-box: " .. text)
+
 -- The local backend (as root): fresh boxes, then the same box.
 local root = L.rootfs(H.image)
 s = harness.run { concurrency = 4, backend = "local", box = { image = "rootfs:" .. root }, progress = "none",
