@@ -43,7 +43,8 @@ endif
 LIB_SRCS  := src/host.c src/core.c src/fail.c src/http.c src/json.c src/stream.c src/text.c \
              src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
              src/demux.c src/hijack.c src/proc.c src/agent_proto.c src/sha256.c \
-             src/agent_lua.c src/layer.c src/layer_lua.c src/sandbox.c src/pty_escape.c
+             src/agent_lua.c src/layer.c src/layer_lua.c src/sandbox.c src/pty_escape.c \
+             src/tar.c src/tar_lua.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 # sbx-agent (agent/): a static program per architecture, carried inside
 # libsbx (agent_blob.S) so sbx can place it into any box. x86_64 with musl
@@ -60,7 +61,7 @@ AGENT_ARCHES := x86_64 $(shell command -v $(AGENT_CROSS)gcc >/dev/null 2>&1 && e
 # runs on the host, so it is built for the host only, like the agent for
 # x86_64, and carried in the same blob.
 # Fuzz targets: fuzz/fuzz_<name>.c, and the codecs (src/<dep>.c) each links.
-FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent layer pty_escape
+FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent layer pty_escape tar
 FUZZ_DEPS_demux     := demux
 FUZZ_DEPS_http_head := hijack demux
 FUZZ_DEPS_utf8      := capture
@@ -69,6 +70,7 @@ FUZZ_DEPS_sigv4     := sigv4
 FUZZ_DEPS_agent     := agent_proto sha256
 FUZZ_DEPS_layer     := layer
 FUZZ_DEPS_pty_escape := pty_escape
+FUZZ_DEPS_tar       := tar
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o $(BUILD)/agent_blob.o
 
 all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \

@@ -319,7 +319,7 @@ return { box = { backend = "fargate" },
   pf:close()
   local tf = assert(io.open(dir .. "/tasks.jsonl", "w"))
   tf:write('{"id":"ok","files":{"/tmp/in.txt":"41"},"run":"echo $(( $(cat /tmp/in.txt) + 1 )) > /tmp/out.txt",'
-    .. '"check":"test \\"$(cat /tmp/out.txt)\\" = 42"}\n')
+    .. '"check":"test \\"$(cat /tmp/out.txt)\\" = 42","outputs":["/tmp/out.txt"]}\n')
   tf:write('{"id":"bad","run":"exit 5"}\n')
   tf:close()
   local text, status = H.sh(string.format("%s --policy %s eval %s --image %s --concurrency 2 --out %s",

@@ -1014,7 +1014,17 @@ function Box:read_file(path, opts)
   if self.tmod.read_file then
     return self.tmod.read_file(self.tstate, path, max, core.now() + timeout)
   end
-  local req = { argv = { "cat", "--", path }, env = {} }
+  return M.capture_stdout(self, { "cat", "--", path }, path, max, timeout)
+end
+
+-- box.capture_stdout(self, argv, what, max, timeout) -> bytes | nil,
+-- message, code: sbx's own command (no hooks, no budgets), its stdout kept
+-- whole up to max bytes ("too_large" past that, "timeout" at the
+-- timeout, and then its processes are killed); a non-zero exit is
+-- "not_found" with its stderr. what names the thing read in messages.
+function M.capture_stdout(self, argv, what, max, timeout)
+  local pol = self:policy()
+  local req = { argv = argv, env = {} }
   -- Chunks on, so each arrival wakes this task and the count is seen at
   -- once; the queued copies are dropped, the capture keeps the bytes.
   local treq = make_request(req, nil,
@@ -1045,10 +1055,10 @@ function Box:read_file(path, opts)
   end
   if ev == "too_large" then
     stop()
-    return nil, string.format("%s has more than the %d bytes allowed by policy (files.max_read)", path, max), "too_large"
+    return nil, string.format("%s has more than the %d bytes allowed by policy", what, max), "too_large"
   elseif ev == "timeout" then
     stop()
-    return nil, "timed out reading " .. path, "timeout"
+    return nil, "timed out reading " .. what, "timeout"
   end
   local info = stream:info()
   if info.error_code then return nil, stream_failure(self, info) end
@@ -1056,7 +1066,7 @@ function Box:read_file(path, opts)
   if not exit_code then return nil, ferr, fcode end
   if exit_code ~= 0 then
     local msg = stream:captured("stderr")
-    return nil, string.format("cannot read %s: %s", path, (msg:gsub("%s+$", ""))), "not_found"
+    return nil, string.format("cannot read %s: %s", what, (msg:gsub("%s+$", ""))), "not_found"
   end
   return (stream:captured("stdout"))
 end

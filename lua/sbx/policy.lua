@@ -307,6 +307,27 @@ policy.harness = {
   task_box_options = { "image", "workdir", "env", "memory", "cpus", "pids", "disk", "read_only", "lifetime" },
 }
 
+-- Grading (sbx.harness, lua/sbx/grade.lua; docs/grading.md): where a
+-- task's check runs, and what it may carry over from its run.
+policy.grade = {
+  -- Where a check runs when the task says nothing (task check_box, or
+  -- `sbx eval --check-box`): "fresh", a new box from the task's image
+  -- with only the task's outputs unpacked into it; "same", the run's box
+  -- once every process in it is killed, under sbx's own busybox (local
+  -- backend only).
+  check_box = "fresh",
+  -- Bytes of the outputs' tar archive read from the run box (its declared
+  -- sizes count too); more makes the task fail.
+  max_output_bytes = 64 * 1024 * 1024,
+  -- Entries (files, directories, links) in a task's outputs.
+  max_output_entries = 100000,
+  -- Bytes of one path or link target in a task's outputs.
+  max_output_path = 4096,
+  -- Seconds for packing the outputs in the run box and unpacking them in
+  -- the check box, each (the task's timeout when it is shorter).
+  transfer_timeout = 120,
+}
+
 -- Warm pools (sbx.pool): boxes of one spec made ahead, so a taker gets one
 -- at once. sbx.pool{} may override every knob here but size for its pool.
 policy.pool = {
@@ -743,6 +764,12 @@ policy["local"] = {
   -- the box's own writable layer over each of these (a daemon's socket
   -- under /run stays out of reach).
   host_masks = { "/run", "/tmp", "/var/tmp", "/var/run" },
+  -- A static busybox on the host, bound read-only into every box at
+  -- /dev/busybox-sbx: the shell and tools of a check that runs in the
+  -- run's own box (policy.grade.check_box = "same"), which the task can
+  -- neither replace (no mount in a box) nor preload into (static).
+  -- nil, or a path that is not there: no such checks on this host.
+  busybox = "/bin/busybox",
   -- PATH for commands that set none (Docker's default).
   path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
   -- Seconds close() waits for a box's processes to be gone and its cgroups

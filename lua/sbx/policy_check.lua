@@ -162,6 +162,16 @@ local RULES = {
     if v >= 1 then return "must be below 1 (a part of the lifetime)" end
   end },
   ["harness.task_box_options"] = list(str()),
+  ["grade.check_box"] = rule({ "string" }, { check = function(v)
+    if v ~= "fresh" and v ~= "same" then return 'must be "fresh" or "same"' end
+  end }),
+  ["grade.max_output_bytes"] = int { gt = 0 },
+  ["grade.max_output_entries"] = int { gt = 0 },
+  ["grade.max_output_path"] = int { gt = 0, check = function(v)
+    if v > 65536 then return "must be at most 65536" end
+  end },
+  ["grade.transfer_timeout"] = POS,
+  ["local.busybox"] = maybe(str()),
   ["fargate.region"] = maybe(str()),
   ["fargate.profile"] = maybe(str()),
   ["fargate.credentials"] = maybe(rule({ "table" }, { fields = {

@@ -690,6 +690,8 @@ local function seccomp_program(pol)
 end
 
 local AGENT_PATH = "/dev/sbx-agent"
+-- Where policy.local.busybox appears in a box (grade.lua runs it).
+M.BUSYBOX_PATH = "/dev/busybox-sbx"   -- busybox runs as busybox for argv[0] busybox*
 
 -- The box's options for the launcher, and bubblewrap's command line after
 -- "--" (sent over the launcher's socket).
@@ -761,6 +763,8 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
     add("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev")
   end
   add("--ro-bind", h.progs.agent, AGENT_PATH)
+  -- sbx's own shell for checks in the run's box (policy.local.busybox).
+  if lp.busybox and S.stat(lp.busybox) then add("--ro-bind", lp.busybox, M.BUSYBOX_PATH) end
   local paths = {}
   for p in pairs(spec.tmpfs or {}) do paths[#paths + 1] = p end
   table.sort(paths)
