@@ -105,9 +105,10 @@ policy.exec = {
   -- cd, variables, functions, aliases, options carry over); lm-deluge's word.
   stateful = false,
   -- How a session command starts: bash when the box has it, else sh. sbx
-  -- appends two scripts (sbx.session_shell: bash's, then sh's, each with
-  -- the command); the launcher runs "$1" with bash or "$2" with sh.
-  session_shell = { "sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile -c "$1" sbx-session; fi; exec sh -c "$2" sbx-session', "sbx-session" },
+  -- appends two scripts (sbx.session_shell: bash's, then sh's) and the
+  -- command; the launcher runs "$1" with bash or "$2" with sh, the command
+  -- as the script's "$1".
+  session_shell = { "sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile -c "$1" sbx-session "$3"; fi; exec sh -c "$2" sbx-session "$3"', "sbx-session" },
   -- Where a session keeps its shell's state between commands, in the box
   -- (a file per session; %s: the session's id).
   session_state = "/tmp/.sbx-session-%s",
