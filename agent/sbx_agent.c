@@ -123,8 +123,6 @@ struct job {
   int in_fd;                  /* command stdin (write end), -1 when closed */
   int out_fd[3];              /* [1] stdout, [2] stderr read ends */
   int status_fd;              /* supervisor's reports */
-  int mark_fd;                /* a session shell's "seq status" lines (fd 3), or -1 */
-  struct buf marks;           /* a partial line of them */
   uint32_t unread[3];         /* sent, not yet credited */
   double quiet_until;         /* a small read: the job's pipes gather until then
                                  (both: the streams keep their relative order) */
@@ -373,8 +371,6 @@ free_job(struct job *j)
   close_fd(&j->out_fd[1]);
   close_fd(&j->out_fd[2]);
   close_fd(&j->status_fd);
-  close_fd(&j->mark_fd);
-  free(j->marks.p);
   free(j->in.p);
   free(j);
   A.njobs--;
@@ -819,14 +815,14 @@ struct spawn_req {
 /* The supervisor: forks the command, reports, reaps, and goes when the
 ** job's last process is gone. Never returns. */
 static void __attribute__((noreturn))
-supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, int mark_w)
+supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
 {
-  int keep[] = { in_r, out_w, err_w, status_w, proc_fd, mark_w };
+  int keep[] = { in_r, out_w, err_w, status_w, proc_fd };
   int errp[2];
   pid_t cmd;
   struct sigaction sa;
   sigset_t all;
-  close_others(keep, mark_w >= 0 ? 6 : 5);
+  close_others(keep, 5);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_parent_death;
@@ -851,9 +847,6 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
     close(status_w);
     setsid();
     if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
-      e = errno;
-    /* A session shell reports each command's status on fd 3. */
-    if (!e && mark_w >= 0 && (dup2(mark_w, 3) < 0 || (mark_w != 3 && close(mark_w) != 0)))
       e = errno;
     if (in_r > 2)
       close(in_r);
@@ -907,8 +900,6 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
   close(in_r);
   close(out_w);
   close(err_w);
-  if (mark_w >= 0)
-    close(mark_w);
   report(status_w, 'P', (int32_t)cmd);
   {
     int32_t v;
@@ -943,7 +934,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
 static void
 start_job(uint32_t id, struct spawn_req *rq)
 {
-  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2], mk_p[2] = { -1, -1 };
+  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2];
   struct job *j;
   pid_t sup;
   if (find_job(id)) {
@@ -968,33 +959,25 @@ start_job(uint32_t id, struct spawn_req *rq)
   }
   if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(st_p, O_CLOEXEC) != 0)
     goto fail;
-  if ((rq->flags & SBX_AP_SESSION) && pipe2(mk_p, O_CLOEXEC) != 0)
-    goto fail;
   sup = fork();
   if (sup < 0)
     goto fail;
   if (sup == 0)
-    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1], mk_p[1]);
+    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1]);
   close(in_p[0]);
   close(out_p[1]);
   close(err_p[1]);
   close(st_p[1]);
-  if (mk_p[1] >= 0)
-    close(mk_p[1]);
   j = calloc(1, sizeof *j);
   if (!j)
     die("sbx-agent: out of memory");
   j->id = id;
-  j->mark_fd = -1;
   j->kind = rq->kind;
   j->sup = sup;
   j->in_fd = in_p[1];
   j->out_fd[1] = out_p[0];
   j->out_fd[2] = err_p[0];
   j->status_fd = st_p[0];
-  j->mark_fd = mk_p[0];
-  if (j->mark_fd >= 0)
-    set_nonblock(j->mark_fd);
   set_nonblock(j->out_fd[1]);
   set_nonblock(j->out_fd[2]);
   set_nonblock(j->status_fd);
@@ -1153,13 +1136,7 @@ on_frame(const struct sbx_ap_frame *f)
   case SBX_AP_SIGNAL:
     if (j && f->len >= 2) {
       int sig = f->payload[0], n = 0;
-      if (f->payload[1] == 2 && j->pid > 0) {
-        /* A session's shell: interrupted (its trap ends the running
-        ** command), its children killed; the shell itself lives on. */
-        kill(j->pid, SIGINT);
-        n = kill_tree(j->pid, sig);
-      }
-      else if (f->payload[1] && j->sup > 0)
+      if (f->payload[1] && j->sup > 0)
         n = kill_tree(j->sup, sig);
       else if (j->pid > 0 && kill(-j->pid, sig) == 0)
         n = 1;
@@ -1262,65 +1239,6 @@ pump_output(struct job *j, int st)
   return pump_output_how(j, st, 0);
 }
 
-/*
-** A session shell's status lines ("seq status\n" on fd 3): for each, the
-** output the command wrote before it is drained first, then MARK tells the
-** host where that command's output ends and how it ended. The boundary is
-** exact for everything the command wrote before it finished; nothing the
-** command prints can fake it (fd 3 is closed while the command runs).
-*/
-static void process_marks(struct job *j);
-
-static void
-read_marks(struct job *j)
-{
-  uint8_t b[512];
-  ssize_t r;
-  for (;;) {
-    r = read(j->mark_fd, b, sizeof b);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    if (buf_reserve(&j->marks, (size_t)r) != 0)
-      die("sbx-agent: out of memory");
-    memcpy(j->marks.p + j->marks.len, b, (size_t)r);
-    j->marks.len += (size_t)r;
-  }
-  if (r == 0)
-    close_fd(&j->mark_fd);
-  process_marks(j);
-}
-
-/* MARK for each complete status line, once the output before it is out. */
-static void
-process_marks(struct job *j)
-{
-  for (;;) {
-    uint8_t *start = j->marks.p + j->marks.off;
-    uint8_t *nl = memchr(start, '\n', buf_size(&j->marks));
-    unsigned long seq;
-    int status;
-    uint8_t p[8];
-    if (!nl) {
-      if (buf_size(&j->marks) > 256)
-        j->marks.off = j->marks.len;   /* not a status line: dropped */
-      break;
-    }
-    /* The command's output first: it is in the pipes already. When the
-    ** window holds it back, the mark waits (the loop comes back here). */
-    if (j->id && (!pump_output_how(j, 1, 1) || !pump_output_how(j, 2, 1)))
-      break;
-    *nl = 0;
-    if (sscanf((char *)start, "%lu %d", &seq, &status) == 2 && j->id) {
-      sbx_ap_put_be32(p, (uint32_t)seq);
-      sbx_ap_put_be32(p + 4, (uint32_t)status);
-      send_frame(SBX_AP_MARK, j->id, p, 8, NULL, 0);
-    }
-    j->marks.off += (size_t)(nl - start) + 1;
-  }
-}
-
 static void
 read_status(struct job *j)
 {
@@ -1382,7 +1300,7 @@ retire(void)
   struct job *j, *next;
   for (j = A.jobs; j; j = next) {
     next = j->next;
-    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0 && j->mark_fd < 0) {
+    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0) {
       if (j->id)
         send_frame(SBX_AP_DONE, j->id, NULL, 0, NULL, 0);
       /* A finished command is a good moment to let the host drop what it
@@ -1982,11 +1900,6 @@ main(int argc, char **argv)
         map[n] = j;
         kinds[n++] = 20;
       }
-      if (j->mark_fd >= 0) {
-        fds[n] = (struct pollfd){ j->mark_fd, POLLIN, 0 };
-        map[n] = j;
-        kinds[n++] = 21;
-      }
       if (j->in_fd >= 0 && buf_size(&j->in) > 0) {
         fds[n] = (struct pollfd){ j->in_fd, POLLOUT, 0 };
         map[n] = j;
@@ -2009,16 +1922,12 @@ main(int argc, char **argv)
       case 11: pump_output(map[i], 1); break;
       case 12: pump_output(map[i], 2); break;
       case 20: read_status(map[i]); break;
-      case 21: read_marks(map[i]); break;
       case 30: write_stdin(map[i]); break;
       default:
         if (kinds[i] >= 100 && A.pend[kinds[i] - 100].fd == fds[i].fd)
           on_pending(&A.pend[kinds[i] - 100]);
       }
     }
-    for (j = A.jobs; j; j = j->next)
-      if (buf_size(&j->marks) > 0)
-        process_marks(j);
     retire();
     flush_tx();
   }

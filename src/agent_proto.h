@@ -70,16 +70,14 @@
 ** Integers in fields are big-endian of the field's length (1, 2, 4 or 8).
 **
 ** Host to agent:
-**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND,
-**               SESSION (fd 3: a status pipe)]  start a command (a new
-**               session, no channel fds, under a per-job subreaper)
+**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND]
+**               start a command (a new session, no channel fds, under a
+**               per-job subreaper)
 **   STDIN id    bytes         to the command's stdin
 **   STDIN_EOF id              closes it
 **   SIGNAL id   u8 signal, u8 scope (0 the command, 1 its whole tree:
 **               stopped first, then signalled: nothing escapes, no next step
-**               of a script runs; 2 a session shell whose running command
-**               timed out: SIGINT to the shell (its trap ends that command)
-**               and the signal to its descendants, the shell lives on)
+**               of a script runs)
 **   CREDIT id   u8 stream, u32 bytes: the host read this much more of that
 **               stream; the agent sends at most `window` unread bytes per
 **               stream, then stops reading the command's pipe (the command
@@ -104,9 +102,6 @@
 **   EXIT id     i32 status: >= 0 an exit code, < 0 the negated signal
 **   DONE id     the job's supervisor is gone (its whole tree ended)
 **   KILLED id   u32 processes signalled
-**   MARK id     u32 seq, i32 status: a SESSION job's shell finished command
-**               seq (its "seq status" line on fd 3); every output frame of
-**               that command came before this frame
 **   CREDIT id   u8 0, u32 bytes: that much stdin reached the command; the
 **               host keeps at most `window` stdin bytes unacknowledged
 **   ERROR id    string code, string message (id 0: the channel)
@@ -168,7 +163,7 @@ enum sbx_ap_type {
   SBX_AP_EXIT = 0x93,
   SBX_AP_DONE = 0x94,
   SBX_AP_KILLED = 0x95,
-  SBX_AP_MARK = 0x96,
+  /* 0x96 was MARK (sessions' status lines); sessions are separate commands now */
   SBX_AP_ERROR = 0xA3,
   SBX_AP_PONG = 0xB1,
   SBX_AP_AGENT_ACK = 0xB2,
@@ -197,7 +192,7 @@ enum sbx_ap_field {
 /* SPAWN flags. */
 #define SBX_AP_STDIN_PIPE 1u
 #define SBX_AP_BACKGROUND 2u
-#define SBX_AP_SESSION 4u         /* a session shell: fd 3 carries "seq status" lines */
+/* 4u was SESSION (retired) */
 /* WRITE_FILE flags. */
 #define SBX_AP_MKDIRS 1u
 

@@ -129,20 +129,22 @@ function M.run(tap, label, box, caps)
   r = assert(box:exec("printf '__SBX_0123456789abcdef_E0__\\n'; exit 1"))
   tap.is(r.exit_code, 1, t("a command cannot print its way to another exit status"))
 
-  -- Sessions: the agent's persistent shell; the exec transport has none.
-  if box.transport == "agent" then
+  -- Sessions, on every transport: each command a new shell process.
+  do
     local s = assert(box:session())
-    assert(s:exec("cd /tmp && CONF_X=41 && conf_f() { echo f$1; }"))
+    assert(s:exec("cd /tmp && export CONF_X=41 && conf_f() { echo f$1; }"))
     local sr = assert(s:exec("echo $((CONF_X + 1)) $(pwd) $(conf_f 2)"))
     tap.is(sr.stdout, "42 /tmp f2\n", t("a session keeps cwd, variables and functions"))
-    sr = assert(s:exec("echo before; sleep 30; touch /tmp/conf-after", { timeout = 1 }))
-    tap.ok(sr.timed_out and sr.stdout == "before\n", t("a session command times out with its partial output"))
+    sr = assert(s:exec("printf() { :; }; builtin() { :; }; __sbx_save() { exit 0; }; echo 'ALL TESTS PASSED'; false"))
+    tap.is(sr.exit_code, 1, t("a session command that shadows printf, builtin and the helper: its status is its own"))
+    tap.is(assert(s:exec("false")).exit_code, 1, t("and a later one's too"))
+    sr = assert(s:exec("echo before; trap '' INT; sleep 3; touch /tmp/conf-after", { timeout = 1 }))
+    tap.ok(sr.timed_out and sr.session_reset and sr.stdout == "before\n",
+      t("a session command that ignores the interrupt times out with its partial output, session_reset"))
+    sbx.sleep(4)
     sr = assert(s:exec("echo $CONF_X; test -e /tmp/conf-after && echo ran || echo never"))
-    tap.is(sr.stdout, "41\nnever\n", t("the same shell afterwards; the timed-out command's next step never ran"))
+    tap.is(sr.stdout, "41\nnever\n", t("the session goes on; the timed-out command's next step never ran"))
     s:close()
-  else
-    local s, _, code = box:session()
-    tap.ok(s == nil and code == "unsupported", t("box:session() is unsupported on the exec transport"))
   end
   box:exec("rm -rf /tmp/conf /tmp/conf-after")
 end

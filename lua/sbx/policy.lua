@@ -101,12 +101,17 @@ policy.exec = {
   },
   chunk_limit = 1 * MiB,        -- output queued for on_output before reading pauses
   kill_grace = 3,               -- seconds to wait for a killed command's stream to end
-  -- The bash tool runs every command of a box in one persistent shell
-  -- (box:session(): cd, variables and functions carry over); lm-deluge's
-  -- word. Needs the agent transport; elsewhere commands run on their own.
+  -- The bash tool runs the commands of a box as one session (box:session():
+  -- cd, variables, functions, aliases, options carry over); lm-deluge's word.
   stateful = false,
-  -- The shell of a session: bash when the box has it, else sh.
-  session_shell = { "sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile; fi; exec sh" },
+  -- How a session command starts: bash when the box has it, else sh. sbx
+  -- appends two scripts (sbx.session_shell: bash's, then sh's) and the
+  -- command; the launcher runs "$1" with bash or "$2" with sh, the command
+  -- as the script's "$1".
+  session_shell = { "sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile -c "$1" sbx-session "$3"; fi; exec sh -c "$2" sbx-session "$3"', "sbx-session" },
+  -- Where a session keeps its shell's state between commands, in the box
+  -- (a file per session; %s: the session's id).
+  session_state = "/tmp/.sbx-session-%s",
   -- The longest argument or NAME=value the box's kernel execs (Linux:
   -- MAX_ARG_STRLEN, 32 pages with the final NUL). A longer one is refused
   -- before it starts ("exec_failed"), as the kernel would refuse it.
@@ -519,6 +524,9 @@ function policy.format_result(r, pol)
     lines[#lines + 1] = string.format("[Exit code: %s]", tostring(r.exit_code))
   end
   if r.oom_killed then lines[#lines + 1] = pol.format_oom(r, pol) end
+  if r.session_reset then
+    lines[#lines + 1] = "[The session's state (directory, variables, functions) is as it was before this command]"
+  end
   if r.box_restarted then
     lines[#lines + 1] = "[The box was restarted to stop runaway processes; files are kept, processes are gone]"
   end
