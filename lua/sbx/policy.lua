@@ -529,6 +529,21 @@ function policy.format_result(r, pol)
   return table.concat(lines, "\n")
 end
 
+-- The message of a command that could not start ("exec_failed"), where the
+-- transport reports the failed step itself (sbx-agent, the exec start
+-- check): info = { stage = "cwd" | "user" | "exec" | "stdio", reason,
+-- program, cwd, user }.
+function policy.format_exec_failed(info, pol)
+  if info.stage == "cwd" then
+    return string.format("the command could not start: cannot change to the directory %s: %s", tostring(info.cwd), info.reason)
+  elseif info.stage == "user" then
+    return string.format("the command could not start: cannot run as user %s: %s", tostring(info.user), info.reason)
+  elseif info.stage == "stdio" then
+    return "the command could not start: cannot set up its input and output: " .. tostring(info.reason)
+  end
+  return string.format("the command could not start: cannot run %s: %s", tostring(info.program), info.reason)
+end
+
 -- The line for a command the OOM killer ended (r.oom_killed; r.memory_limit
 -- in bytes when the box could tell).
 function policy.format_oom(r, pol)

@@ -47,6 +47,8 @@
 -- or put a stty or head early in PATH, and so own the later wrappers; on
 -- AWS the SSM agent itself runs in the task, where root can ptrace it.
 local M = {}
+-- ExecuteCommand takes the command line in JSON: UTF-8 text only.
+M.text_argv = "ECS ExecuteCommand takes the command as JSON text"
 
 local sbx = require "sbx"
 local core, json = sbx.core, sbx.json
