@@ -4,7 +4,7 @@
 -- program exits 125, 126 or 127, which the command itself could also have
 -- chosen. So the script checks each step first and says on stdout, before
 -- anything of the command, either
---   __SBX_<id>_S__                  every step passed; the exec follows
+--   __SBX_<id>_G__                  every step passed; the exec follows
 --   __SBX_<id>_F<stage>:<reason>__  a step failed (stage cwd or exec); exit 125
 -- and the filter below cuts that marker out of the output. A command that
 -- failed a step is nil, message, "exec_failed" on every transport, as with
@@ -42,49 +42,64 @@ function M.lines(req, id, setup)
   lines[#lines + 1] = "if [ -z \"$sbx_f\" ] || [ ! -e \"$sbx_f\" ]; then " .. fail("exec", "No such file or directory") ..
     "; elif [ -d \"$sbx_f\" ]; then " .. fail("exec", "Is a directory") ..
     "; elif [ ! -f \"$sbx_f\" ] || [ ! -x \"$sbx_f\" ]; then " .. fail("exec", "Permission denied") .. "; fi"
-  lines[#lines + 1] = "unset sbx_p sbx_f sbx_i sbx_d; printf '__SBX_%s_S__' " .. id
+  lines[#lines + 1] = "unset sbx_p sbx_f sbx_i sbx_d; printf '__SBX_%s_G__' " .. id
   return lines
 end
 
--- A filter for the command's stdout: filter.feed(bytes) passes on what
--- follows the start marker; filter.failed is { stage, reason } once a failure
--- marker came. Only the very start of stdout can hold a marker (nothing of
--- the command runs before it); anything else there is passed on as it is.
+-- A filter for the command's stdout: filter.feed(bytes) passes on the
+-- bytes without the marker; filter.failed is { stage, reason } once a
+-- failure marker came (nothing after it is passed on). The marker comes
+-- before anything of the command (its id is random, so the command cannot
+-- know it); a cooked PTY's echo of stdin may come first, so it is looked
+-- for anywhere, holding back only bytes that may begin it.
 function M.filter(id, emit)
-  local ok_marker = "__SBX_" .. id .. "_S__"
+  local ok_marker = "__SBX_" .. id .. "_G__"
   local fail_prefix = "__SBX_" .. id .. "_F"
+  local fail_pat = fail_prefix:gsub("%p", "%%%0") .. "(%a+):([^\n]-)__\n"
   local fl, buf, state = {}, "", "pre"
+  local function out(x) if x ~= "" then emit(x) end end
+  -- Length of the longest suffix of buf that may begin a marker.
+  local function partial()
+    for k = math.min(#buf, math.max(#ok_marker, #fail_prefix)), 1, -1 do
+      local suf = buf:sub(#buf - k + 1)
+      if ok_marker:sub(1, k) == suf or fail_prefix:sub(1, k) == suf then return k end
+    end
+    return 0
+  end
   function fl.feed(bytes)
-    if state == "body" then return emit(bytes) end
+    if state == "body" then return out(bytes) end
     if state == "failed" then return end
     buf = buf .. bytes
-    if buf:sub(1, #ok_marker) == ok_marker then
-      state = "body"
-      local rest = buf:sub(#ok_marker + 1)
-      buf = ""
-      if rest ~= "" then emit(rest) end
-      return
-    end
-    local stage, reason = buf:match("^" .. fail_prefix:gsub("%p", "%%%0") .. "(%a+):(.-)__\n")
-    if stage then
+    local i, j = buf:find(ok_marker, 1, true)
+    local fi, fj, stage, reason = buf:find(fail_pat)
+    if fi and (not i or fi < i) then
+      out(buf:sub(1, fi - 1))
       state, buf = "failed", ""
       fl.failed = { stage = stage, reason = reason }
       return
     end
-    -- Still possibly a marker: wait for more (the failure line is short).
-    local n = math.min(#buf, #ok_marker)
-    if buf:sub(1, n) == ok_marker:sub(1, n) and #buf < #ok_marker then return end
-    n = math.min(#buf, #fail_prefix)
-    if buf:sub(1, n) == fail_prefix:sub(1, n) and #buf < #fail_prefix + 200 and not buf:find("\n", 1, true) then return end
-    state = "body"
-    local all = buf
-    buf = ""
-    emit(all)
+    if i then
+      out(buf:sub(1, i - 1))
+      state = "body"
+      local rest = buf:sub(j + 1)
+      buf = ""
+      return out(rest)
+    end
+    -- A failure line begun and not ended (it is short): hold it.
+    local at = buf:find(fail_prefix, 1, true)
+    if at and #buf - at < 300 then
+      out(buf:sub(1, at - 1))
+      buf = buf:sub(at)
+      return
+    end
+    local keep = partial()
+    out(buf:sub(1, #buf - keep))
+    buf = buf:sub(#buf - keep + 1)
   end
   -- The stream ended: what is held back was the command's after all.
   function fl.flush()
-    if state == "pre" and buf ~= "" then emit(buf) end
-    buf, state = "", state == "pre" and "body" or state
+    if state == "pre" then out(buf) end
+    buf = ""
   end
   return fl
 end
