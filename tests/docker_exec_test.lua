@@ -58,6 +58,11 @@ tap.is(replaced, 2, "and says how many bytes it replaced")
 local tool_text = sbx.policy.format_result(r)
 tap.ok(sbx.text.valid(tool_text), "the tool text for it is valid UTF-8")
 tap.like(tool_text, "%[%d+ bytes of this output are not UTF%-8 text", "and says that bytes were replaced")
+local bg = assert(box:spawn("printf 'a\\377b'"))
+box:wait(bg, 10)
+local o = assert(box:output(bg))
+tap.ok(o.text == "a\u{FFFD}b" and o.replaced == 1, "box:output gives text, and how many bytes it replaced")
+tap.like(sbx.policy.format_process_output(o), "%[1 byte of this output is not UTF%-8 text", "and process_output's text says so")
 
 -- A multibyte character split across chunk boundaries survives streaming.
 local chunks = {}

@@ -77,7 +77,7 @@ local seen = assert(load(SESSION, "=session"))(sbx, box)
 for _, e in ipairs(seen) do
   if e[1] == "binary" then tap.is(e[2][1].stdout, "a\255\254b\0c\n", "live: the result holds the command's exact bytes") end
   if e[1] == "tool_binary" then
-    tap.like(e[2][1], "^x\u{FFFD}y\n%[1 bytes of this output are not UTF%-8", "live: the tool text repairs them and says how many")
+    tap.like(e[2][1], "^x\u{FFFD}y\n%[1 byte of this output is not UTF%-8", "live: the tool text repairs them and says how many")
   end
 end
 box:close()

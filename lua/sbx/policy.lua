@@ -465,7 +465,8 @@ end
 -- text and were replaced (by U+FFFD) in what the model reads; the result
 -- itself keeps them.
 function policy.format_replaced(n, pol)
-  return string.format("[%d bytes of this output are not UTF-8 text; each run of them is shown as \u{FFFD}]", n)
+  return string.format("[%d %s of this output %s not UTF-8 text; each run of them is shown as \u{FFFD}]",
+    n, n == 1 and "byte" or "bytes", n == 1 and "is" or "are")
 end
 
 -- Head and tail with a line that says how much is missing, in bytes, so the
