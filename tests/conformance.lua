@@ -71,6 +71,8 @@ function M.run(tap, label, box, caps)
     { { "/etc/passwd" }, nil, "a program that is not executable", "/etc/passwd" },
     { "pwd", { cwd = "/nonexistent/sbx-no-dir" }, "a cwd that does not exist", "sbx%-no%-dir" },
     { { "/tmp" }, nil, "a directory as the program", "/tmp" },
+    { { "/nonexistent/sbx-no-such-program" }, { stdin = ("x"):rep(300000) }, "with 300 kB of stdin waiting",
+      "sbx%-no%-such%-program" },
   }
   if caps.user ~= false then
     cannot[#cannot + 1] = { "id", { user = "sbx-no-such-user" }, "an unknown user", "sbx%-no%-such%-user" }

@@ -10,7 +10,9 @@
 --      public per-command id,
 --   2. reads one line from the PTY: a secret of 128 random bits that sbx
 --      sends only after the ready marker, so echo is already off,
---   3. runs the command in a subshell without the secret, with stdin from
+--   3. runs the command in a subshell without the secret, after the start
+--      check (transports/start_check.lua: a missing cwd or program is
+--      exec_failed, its marker cut from the output), with stdin from
 --      /dev/null, or from exactly N bytes of the PTY when the caller gives
 --      stdin (sent after a stdin marker that says the secret line is read),
 --   4. prints an exit marker with the secret and $? through the shell's
