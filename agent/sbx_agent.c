@@ -1042,7 +1042,8 @@ write_stdin(struct job *j)
     j->in.off = j->in.len = 0;
     close_fd(&j->in_fd);
   }
-  if (j->in_done > j->in_acked) {
+  /* A forgotten job (id 0: FORGET, or it could not start) sends nothing. */
+  if (j->id && j->in_done > j->in_acked) {
     send_u32(SBX_AP_CREDIT, j->id, (uint32_t)(j->in_done - j->in_acked));
     j->in_acked = j->in_done;
   }
@@ -1279,6 +1280,9 @@ read_status(struct job *j)
         if (j->id)
           send_exec_failed(j->id, r.kind, r.value);
         j->id = 0;
+        /* Its stdin has no reader: what is queued and what comes is dropped. */
+        j->in.off = j->in.len = 0;
+        close_fd(&j->in_fd);
       }
       continue;
     }

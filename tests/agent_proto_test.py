@@ -176,6 +176,11 @@ def check_arch(label, argv):
     e = r.get("error") or {}
     ok(e.get(CODE) == [b"exec_failed"] and e.get(STAGE) == [b"cwd"] and e.get(MESSAGE) == [b"No such file or directory"],
        label + ": a missing cwd: ERROR exec_failed, stage cwd, the reason", r)
+    r = a.run(43, ["/nonexistent/program"], stdin=data)
+    e = r.get("error") or {}
+    r2 = a.run(44, ["true"])
+    ok(e.get(CODE) == [b"exec_failed"] and r2["status"] == 0 and T["CREDIT"] not in r2["frames"],
+       label + ": with 100 kB of stdin: exec_failed, and no frame for it after (no stdin credit)", (r, r2["frames"]))
     r = a.run(42, ["sh", "-c", "exit 127"])
     ok(r["status"] == 127 and "error" not in r, label + ": a command's own 127 is its exit status", r)
     r = a.run(5, ["pwd"], cwd="/tmp")
