@@ -260,6 +260,25 @@ send_error(uint32_t id, const char *code, const char *fmt, ...)
   send_frame(SBX_AP_ERROR, id, p, n, NULL, 0);
 }
 
+/*
+** ERROR with code "exec_failed" for a command that could not start: the step
+** (STAGE: "cwd", "user", "exec" or "stdio") and the system's reason; the
+** host words the message (policy.format_exec_failed) from its request.
+*/
+static void
+send_exec_failed(uint32_t id, char kind, int err)
+{
+  static const char code[] = "exec_failed";
+  const char *stage = kind == 'D' ? "cwd" : kind == 'U' ? "user" : kind == 'E' ? "exec" : "stdio";
+  const char *why = kind == 'U' && err == ESRCH ? "no such user" : strerror(err);
+  uint8_t p[600];
+  size_t n = 0;
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_CODE, code, (uint32_t)strlen(code));
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_MESSAGE, why, (uint32_t)strlen(why));
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_STAGE, stage, (uint32_t)strlen(stage));
+  send_frame(SBX_AP_ERROR, id, p, n, NULL, 0);
+}
+
 /* Bytes queued and not yet acknowledged: what pauses the pipes. */
 static size_t
 tx_held(void)
@@ -528,7 +547,9 @@ exec_path(char **argv, char **envp)
 
 /* What the supervisor tells the agent: a kind and a value. */
 struct report {
-  char kind;                /* 'P' pid, 'X' exit status, 'E' errno before exec */
+  char kind;                /* 'P' pid, 'X' exit status; the command could not
+                            ** start (value: errno): 'D' its directory, 'U' its
+                            ** user, 'E' its exec */
   int32_t value;
 };
 
@@ -812,6 +833,17 @@ struct spawn_req {
   int kind;
 };
 
+/* The child's last word when its command cannot start: which step (stage)
+** and errno, on the CLOEXEC pipe its supervisor reads. */
+static void __attribute__((noreturn))
+start_failed(int fd, char stage, int err)
+{
+  struct report why = { stage, err };
+  ssize_t w = write(fd, &why, sizeof why);
+  (void)w;
+  _exit(127);
+}
+
 /* The supervisor: forks the command, reports, reaps, and goes when the
 ** job's last process is gone. Never returns. */
 static void __attribute__((noreturn))
@@ -843,6 +875,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
   }
   if (cmd == 0) {
     int e = 0;
+    char stage = 'I';   /* its stdio */
     close(errp[0]);
     close(status_w);
     setsid();
@@ -858,57 +891,56 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
       signal(s, SIG_DFL);
     if (!e && rq->cwd && chdir(rq->cwd) != 0) {
       e = errno;
-      dprintf(2, "sbx-agent: cannot change to %s: %s\n", rq->cwd, strerror(errno));
+      stage = 'D';
     }
     if (!e && rq->user) {
       uid_t uid;
       gid_t gid, groups[64];
       int ng = 64;
       char name[256];
-      if (lookup_user(rq->user, &uid, &gid, groups, &ng, name, sizeof name) != 0) {
+      stage = 'U';
+      if (lookup_user(rq->user, &uid, &gid, groups, &ng, name, sizeof name) != 0)
         e = ESRCH;
-        dprintf(2, "sbx-agent: unknown user %s\n", rq->user);
-      } else if (setgroups((size_t)ng, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+      else if (setgroups((size_t)ng, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
         e = errno;
-        dprintf(2, "sbx-agent: cannot become %s: %s\n", rq->user, strerror(errno));
-      }
     }
-    if (e) {
-      int32_t v = e;
-      ssize_t w = write(errp[1], &v, sizeof v);
-      (void)w;
-      _exit(126);
-    }
-    if (rq->kind == KIND_READ)
+    if (e)
+      start_failed(errp[1], stage, e);
+    /* File requests run here: started, as far as the host is concerned. */
+    if (rq->kind == KIND_READ) {
+      close(errp[1]);
       _exit(run_reader(rq->path) ? 1 : 0);
-    if (rq->kind == KIND_WRITE)
+    }
+    if (rq->kind == KIND_WRITE) {
+      close(errp[1]);
       _exit(run_writer(rq->path, rq->mode, rq->flags) ? 1 : 0);
+    }
     /* The box's own environment (the image's and the box's variables: the
     ** agent inherited them, as a docker exec process does), then the
     ** command's on top. */
     for (char **ev = rq->envp; *ev; ev++)
       putenv(*ev);
     exec_path(rq->argv, environ);
-    e = errno;
-    dprintf(2, "sbx-agent: cannot run %s: %s\n", rq->argv[0], strerror(e));
-    int32_t v = e;
-    ssize_t w = write(errp[1], &v, sizeof v);
-    (void)w;
-    _exit(e == ENOENT ? 127 : 126);
+    start_failed(errp[1], 'E', errno);
   }
   close(errp[1]);
   close(in_r);
   close(out_w);
   close(err_w);
-  report(status_w, 'P', (int32_t)cmd);
+  /* The command has started once errp closes on its exec (CLOEXEC) with
+  ** nothing in it; otherwise the child says which step failed, and the
+  ** host hears "exec_failed" instead of a pid (never an exit status a
+  ** command could also have chosen). */
   {
-    int32_t v;
+    struct report why;
     ssize_t r;
     do
-      r = read(errp[0], &v, sizeof v);
+      r = read(errp[0], &why, sizeof why);
     while (r < 0 && errno == EINTR);
-    if (r == (ssize_t)sizeof v)
-      report(status_w, 'E', v);
+    if (r == (ssize_t)sizeof why)
+      report(status_w, why.kind, why.value);
+    else
+      report(status_w, 'P', (int32_t)cmd);
     close(errp[0]);
   }
   /* Reap: the command first (its status), then whatever the job left. */
@@ -1092,7 +1124,8 @@ write_stdin(struct job *j)
     j->in.off = j->in.len = 0;
     close_fd(&j->in_fd);
   }
-  if (j->in_done > j->in_acked) {
+  /* A forgotten job (id 0: FORGET, or it could not start) sends nothing. */
+  if (j->id && j->in_done > j->in_acked) {
     send_u32(SBX_AP_CREDIT, j->id, (uint32_t)(j->in_done - j->in_acked));
     j->in_acked = j->in_done;
   }
@@ -1258,8 +1291,16 @@ read_status(struct job *j)
         if (j->id)
           send_u32(SBX_AP_EXIT, j->id, (uint32_t)r.value);
       }
-      /* 'E' (the command could not start): its exit status (126, 127)
-      ** and its message on stderr tell the host, as a shell would. */
+      else if (r.kind == 'D' || r.kind == 'U' || r.kind == 'E' || r.kind == 'I') {
+        /* The command could not start: one EXEC_FAILED and nothing more
+        ** for it (its supervisor still reaps the child). */
+        if (j->id)
+          send_exec_failed(j->id, r.kind, r.value);
+        j->id = 0;
+        /* Its stdin has no reader: what is queued and what comes is dropped. */
+        j->in.off = j->in.len = 0;
+        close_fd(&j->in_fd);
+      }
       continue;
     }
     break;

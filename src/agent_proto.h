@@ -104,7 +104,11 @@
 **   KILLED id   u32 processes signalled
 **   CREDIT id   u8 0, u32 bytes: that much stdin reached the command; the
 **               host keeps at most `window` stdin bytes unacknowledged
-**   ERROR id    string code, string message (id 0: the channel)
+**   ERROR id    string code, string message (id 0: the channel); for a
+**               command that could not start, code "exec_failed" and
+**               string stage ("cwd", "user", "exec", "stdio"): the step
+**               that failed, message its reason; nothing else follows
+**               for that id (v3)
 **   PONG id     bytes
 **   AGENT_ACK 0 u64 agent_rx: the agent has these bytes
 */
@@ -114,7 +118,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SBX_AP_VERSION 2
+#define SBX_AP_VERSION 3
 #define SBX_AP_HEADER 10
 #define SBX_AP_TAG 16
 #define SBX_AP_KEY 32
@@ -187,6 +191,7 @@ enum sbx_ap_field {
   SBX_AF_WINDOW = 14,
   SBX_AF_GRACE = 15,
   SBX_AF_ACK = 16,
+  SBX_AF_STAGE = 17,
 };
 
 /* SPAWN flags. */

@@ -302,23 +302,12 @@ local function check_path(path, level)
   if path:find("\0", 1, true) then error("path must not contain a NUL byte", level + 1) end
 end
 
--- Turns one captured stream into { head, tail, omitted, bytes } of valid UTF-8.
+-- Turns one captured stream into { head, tail, omitted, bytes }: the bytes
+-- the command wrote, as they came (text for a model is made from them by
+-- sbx.model_text, in the policy's formatters).
 local function capture_part(stream, name)
   local head, tail, total, omitted = stream:captured(name)
-  local text = sbx.text
-  if #tail > 0 then
-    local cut, dropped_h, dropped_t
-    head, dropped_h = text.head_cut(head)
-    cut, dropped_t = text.tail_cut(tail)
-    tail = cut
-    omitted = omitted + dropped_h + dropped_t
-  end
-  return {
-    head = (text.sanitize(head)),
-    tail = (text.sanitize(tail)),
-    omitted = omitted,
-    bytes = total,
-  }
+  return { head = head, tail = tail, omitted = omitted, bytes = total }
 end
 
 local function part_text(part, marker, pol)
@@ -934,8 +923,10 @@ function Box:output(name, opts)
   -- Never hand out half a character: keep it for the next read.
   local whole, held = sbx.text.head_cut(bytes)
   if p.status ~= "running" and next_offset >= total then held = 0; whole = bytes end
+  local text, replaced = sbx.model_text(whole)
   return {
-    text = (sbx.text.sanitize(whole)),
+    text = text,
+    replaced = replaced,
     offset = offset,
     skipped = skipped,
     next_offset = next_offset - held,

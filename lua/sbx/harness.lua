@@ -239,7 +239,7 @@ local function summarize(sbx, r, pol)
   if r.parts and r.parts.output then
     p.output = pol.format_output(r.parts.output, pol)
   else
-    p.output = r.output
+    p.output = (sbx.model_text(r.output or ""))
   end
   return ordered(p, PHASE_KEYS)
 end

@@ -487,28 +487,48 @@ function policy.omitted_marker(part, pol)
   return string.format("\n...[%d bytes omitted]...\n", part.omitted)
 end
 
+-- The line that says how many bytes of a command's output were not UTF-8
+-- text and were replaced (by U+FFFD) in what the model reads; the result
+-- itself keeps them.
+function policy.format_replaced(n, pol)
+  return string.format("[%d %s of this output %s not UTF-8 text; each run of them is shown as \u{FFFD}]",
+    n, n == 1 and "byte" or "bytes", n == 1 and "is" or "are")
+end
+
 -- Head and tail with a line that says how much is missing, in bytes, so the
 -- model knows the size of what it did not see (and can read it from a file).
--- part: { head, tail, omitted, bytes } as in result.parts.
+-- part: { head, tail, omitted, bytes } as in result.parts (the command's
+-- bytes); invalid UTF-8 is replaced here, and a last line says how much.
 function policy.format_output(part, pol)
-  local limits = live(pol).output
-  local head, tail, omitted = part.head, part.tail, part.omitted
+  pol = live(pol)
+  local limits = pol.output
+  local model_text = require("sbx").model_text
+  local head, rh = model_text(part.head)
+  local tail, rt = model_text(part.tail)
+  local omitted = part.omitted
+  local text
   if omitted == 0 then
     -- Everything was captured; cut only for the model's view.
     local all = head .. tail
-    if char_len(all) <= limits.head_chars + limits.tail_chars then return all end
-    head = first_chars(all, limits.head_chars)
-    tail = last_chars(all, limits.tail_chars)
-    omitted = #all - #head - #tail
+    if char_len(all) <= limits.head_chars + limits.tail_chars then
+      text = all
+    else
+      head = first_chars(all, limits.head_chars)
+      tail = last_chars(all, limits.tail_chars)
+      omitted = #all - #head - #tail
+    end
   else
-    head = first_chars(head, limits.head_chars)
-    local cut_head = #part.head - #head
+    local h = first_chars(head, limits.head_chars)
+    local cut_head = #head - #h
     local t = last_chars(tail, limits.tail_chars)
     omitted = omitted + cut_head + (#tail - #t)
-    tail = t
+    head, tail = h, t
   end
-  return string.format("%s\n...[%d bytes omitted; %d bytes in all]...\n%s",
-    head, omitted, part.bytes, tail)
+  text = text or string.format("%s\n...[%d bytes omitted; %d bytes in all]...\n%s", head, omitted, part.bytes, tail)
+  if rh + rt > 0 then
+    text = text .. (text:sub(-1) == "\n" and "" or "\n") .. pol.format_replaced(rh + rt, pol)
+  end
+  return text
 end
 
 -- The text for one command result.
@@ -537,6 +557,21 @@ function policy.format_result(r, pol)
     lines[#lines + 1] = out
   end
   return table.concat(lines, "\n")
+end
+
+-- The message of a command that could not start ("exec_failed"), where the
+-- transport reports the failed step itself (sbx-agent, the exec start
+-- check): info = { stage = "cwd" | "user" | "exec" | "stdio", reason,
+-- program, cwd, user }.
+function policy.format_exec_failed(info, pol)
+  if info.stage == "cwd" then
+    return string.format("the command could not start: cannot change to the directory %s: %s", tostring(info.cwd), info.reason)
+  elseif info.stage == "user" then
+    return string.format("the command could not start: cannot run as user %s: %s", tostring(info.user), info.reason)
+  elseif info.stage == "stdio" then
+    return "the command could not start: cannot set up its input and output: " .. tostring(info.reason)
+  end
+  return string.format("the command could not start: cannot run %s: %s", tostring(info.program), info.reason)
 end
 
 -- The line for a command the OOM killer ended (r.oom_killed; r.memory_limit
@@ -591,6 +626,7 @@ function policy.format_process_output(o, pol)
     lines[#lines + 1] = string.format("[%d bytes before offset %d are no longer kept]", o.skipped, o.offset + o.skipped)
   end
   lines[#lines + 1] = o.text ~= "" and o.text or "(no new output)"
+  if (o.replaced or 0) > 0 then lines[#lines + 1] = pol.format_replaced(o.replaced, pol) end
   lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", pol.status_text(o.process, pol), o.next_offset, o.total)
   return table.concat(lines, "\n")
 end

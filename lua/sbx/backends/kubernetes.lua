@@ -26,6 +26,7 @@ local http = require "sbx.http"
 local owner = require "sbx.owner"
 local config = require "sbx.kubernetes.config"
 local client_mod = require "sbx.kubernetes.client"
+local start_check = require "sbx.transports.start_check"
 
 local function pol_k() return sbx.policy.kubernetes end
 
@@ -696,14 +697,15 @@ local BOOT = 'IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read
 
 local function shq(v) return "'" .. tostring(v):gsub("'", "'\\''") .. "'" end
 
-local function command_script(h, req, v5)
-  local lines = {}
-  if req.cwd then
-    lines[#lines + 1] = "cd -- " .. shq(req.cwd) .. " || exit 125"
-  elseif h.k.workdir then
-    lines[#lines + 1] = "cd -- " .. shq(h.k.workdir) .. " 2>/dev/null"
+local function command_script(h, req, v5, check_id)
+  local setup = {}
+  if not req.cwd and h.k.workdir then
+    setup[#setup + 1] = "cd -- " .. shq(h.k.workdir) .. " 2>/dev/null"
   end
-  for _, kv in ipairs(req.env or {}) do lines[#lines + 1] = "export " .. shq(kv) end
+  for _, kv in ipairs(req.env or {}) do setup[#setup + 1] = "export " .. shq(kv) end
+  -- The start check (transports/start_check.lua): a missing cwd or program
+  -- is exec_failed, not an exit status the command could have chosen.
+  local lines = start_check.lines(req, check_id, setup)
   local words = {}
   for i, a in ipairs(req.argv) do words[i] = shq(a) end
   local cmd = table.concat(words, " ")
@@ -726,11 +728,20 @@ end
 local function pump(h, job, ex, sink, req)
   local limit = req.chunk_limit or (1 << 20)
   local status, why
+  local q
+  local check = start_check.filter(job.check_id, function(bytes) q = sink:push("stdout", bytes) end)
   while true do
     local ch, data, code = ex:recv()
     if not ch then why, job.drop_code = data, code break end
     if ch == 1 or ch == 2 then
-      local q = sink:push(ch == 1 and "stdout" or "stderr", data)
+      if ch == 1 then
+        q = false
+        check.feed(data)
+        -- Held back by the check (a marker's first bytes): the queue as it is.
+        if q == false then q = sink:push("stdout", "") end
+      else
+        q = sink:push("stderr", data)
+      end
       if q == nil then ex:close() h.streams[ex] = nil return end
       if req.chunks then
         while q and q > limit do
@@ -743,6 +754,7 @@ local function pump(h, job, ex, sink, req)
     end
   end
   h.streams[ex] = nil
+  check.flush()
   -- A stream that ended because the pod went (deleted, evicted, its
   -- lifetime) is the box gone, whatever the runtime said on the way out.
   local ecode = status and client_mod.exit_status(status)
@@ -750,6 +762,11 @@ local function pump(h, job, ex, sink, req)
       and gone_after_stream(h, job.killed or (ecode and ecode ~= 137)) then
     job.error, job.code = h.gone, "box_gone"
     sink:finish("box_gone", h.gone)
+    return
+  end
+  if check.failed then
+    job.error = start_check.message(check.failed, req, sbx.policy)
+    sink:finish("exec_failed", job.error)
     return
   end
   if status then
@@ -792,8 +809,8 @@ function M.start(h, req)
   end
   h.streams[ex] = true
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
-  local job = { stream = sink, marker = req.marker, ex = ex }
-  local script = command_script(h, req, ex.v5)
+  local job = { stream = sink, marker = req.marker, ex = ex, check_id = require("sbx.box").random_id() }
+  local script = command_script(h, req, ex.v5, job.check_id)
   if not req.stdin or #req.stdin <= h.k.stdin_chunk then
     ex:send_stdin(script .. (req.stdin or ""))
     if ex.v5 then ex:close_stdin() end

@@ -45,7 +45,7 @@ local T = {
   ERROR = 0xA3, PONG = 0xB1, AGENT_ACK = 0xB2,
 }
 local F = { ARGV = 1, ENV = 2, CWD = 3, USER = 4, FLAGS = 5, PATH = 6, MAX = 7, MODE = 8,
-  CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16 }
+  CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16, STAGE = 17 }
 local STDIN_PIPE, MKDIRS = 1, 1
 -- Linux's numbers (the same on x86_64 and aarch64).
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15, CONT = 18, STOP = 19 }
@@ -239,10 +239,20 @@ dispatch[T.CREDIT] = function(_, job, p)
   if job.stdin_event then job.stdin_event:set() end
 end
 
-dispatch[T.ERROR] = function(_, job, p)
+dispatch[T.ERROR] = function(st, job, p)
   local f = fields(p) or {}
   job.error = tostring(f[F.MESSAGE] or "the agent refused the command")
   job.error_code = tostring(f[F.CODE] or "agent_error")
+  if job.error_code == "exec_failed" and job.req then
+    -- The command never started (its directory, user or exec failed): the
+    -- agent sends nothing more for it; the message is the policy's.
+    local req, box = job.req, st.boxref and st.boxref[1]
+    local pol = box and box:policy() or st.pol
+    job.error = pol.format_exec_failed({ stage = tostring(f[F.STAGE] or "exec"), reason = job.error,
+      program = req.argv and req.argv[1], cwd = req.cwd, user = req.user or st.default_user }, pol)
+    st.jobs[job.id] = nil
+    if job.stdin_event then job.stdin_event:set() end
+  end
   complete(job)
 end
 
@@ -675,6 +685,7 @@ function M.start(st, req)
       #payload, A.MAX_PAYLOAD), "too_large"
   end
   local job = new_job(st, req, "command")
+  job.req = req
   if not send(st, T.SPAWN, job.id, payload) then return nil, st.dead, "agent_lost" end
   if req.stdin then
     if #req.stdin == 0 then send(st, T.STDIN_EOF, job.id)
