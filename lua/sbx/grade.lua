@@ -118,7 +118,9 @@ local function take_outputs(ctx, box, task)
   if not data then
     if code == "too_large" then
       return nil, string.format("outputs: more than policy.grade.max_output_bytes (%d bytes)", pol.max_output_bytes)
-    elseif code == "not_found" or code == "timeout" then
+    elseif code == "not_found" or code == "timeout" or code == "exec_failed" then
+      -- The packer runs in the run's box with its shell: a shell the task
+      -- removed or replaced is the task's doing, not sbx's.
       return nil, "outputs: " .. tostring(err)
     end
     ctx.infra("outputs: " .. tostring(err), code)
