@@ -47,8 +47,8 @@ commands:
                          report with --report; --pool N keeps N boxes made
                          ahead for tasks that set no box options of their own
                          (default policy.pool.size; 0: none). Exit 0 when
-                         every task ran, 1 on errors or interrupt, 2 on usage
-                         errors
+                         every task ran, 1 on errors, 2 on usage errors,
+                         128 + N after signal N (130 SIGINT, 143 SIGTERM)
 
 options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
@@ -343,7 +343,13 @@ function commands.eval(args)
     err("eval: ", file, " is a directory; give a task file (TASKS.jsonl or TASKS.lua)")
     return 2
   end
-  local tasks, terr = harness.load_tasks(file)
+  local lok, tasks, terr = pcall(harness.load_tasks, file)
+  if not lok then
+    -- Only an interrupt while the task file loads raises here.
+    local _, last = sbx.core.signals()
+    err("eval: ", tostring(tasks))
+    return last > 0 and 128 + last or 1
+  end
   if not tasks then err("eval: ", terr) return 2 end
   opts.tasks = tasks
   local ok, summary = pcall(harness.run, opts)
@@ -358,7 +364,11 @@ function commands.eval(args)
     local rok, rerr = harness.write_report(report, summary.all, { title = "sbx eval: " .. file })
     if not rok then err("eval: cannot write the report: ", rerr) return 1 end
   end
-  if summary.interrupted then err("interrupted; boxes removed, finished results kept") return 1 end
+  if summary.interrupted then
+    err("interrupted; boxes removed, finished results kept")
+    local _, last = sbx.core.signals()
+    return last > 0 and 128 + last or 1
+  end
   if summary.errors > 0 then return 1 end
   return 0
 end
