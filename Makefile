@@ -43,14 +43,15 @@ endif
 LIB_SRCS  := src/host.c src/core.c src/fail.c src/http.c src/json.c src/stream.c src/text.c \
              src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
              src/demux.c src/hijack.c src/proc.c src/agent_proto.c src/sha256.c \
-             src/agent_lua.c src/layer.c src/layer_lua.c src/sandbox.c src/deadline.c
+             src/agent_lua.c src/layer.c src/layer_lua.c src/sandbox.c src/pty_escape.c \
+             src/tar.c src/tar_lua.c src/deadline.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 # sbx-agent (agent/): a static program per architecture, carried inside
 # libsbx (agent_blob.S) so sbx can place it into any box. x86_64 with musl
 # when musl-gcc is there (small), else the system compiler statically;
 # aarch64 with Debian's cross compiler when it is installed.
-AGENT_SRCS  := agent/sbx_agent.c src/agent_proto.c src/sha256.c
-AGENT_HDRS  := src/agent_proto.h src/sha256.h
+AGENT_SRCS  := agent/sbx_agent.c src/agent_proto.c src/sha256.c src/pty_escape.c
+AGENT_HDRS  := src/agent_proto.h src/sha256.h src/pty_escape.h
 AGENT_CC    ?= $(shell command -v musl-gcc >/dev/null 2>&1 && echo musl-gcc || echo $(CC))
 AGENT_CROSS ?= aarch64-linux-gnu-
 AGENT_FLAGS := -static -O2 -std=gnu11 $(WARN) -Isrc
@@ -60,7 +61,7 @@ AGENT_ARCHES := x86_64 $(shell command -v $(AGENT_CROSS)gcc >/dev/null 2>&1 && e
 # runs on the host, so it is built for the host only, like the agent for
 # x86_64, and carried in the same blob.
 # Fuzz targets: fuzz/fuzz_<name>.c, and the codecs (src/<dep>.c) each links.
-FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent layer
+FUZZ_NAMES          := demux http_head utf8 ssm sigv4 agent layer pty_escape tar
 FUZZ_DEPS_demux     := demux
 FUZZ_DEPS_http_head := hijack demux
 FUZZ_DEPS_utf8      := capture
@@ -68,10 +69,12 @@ FUZZ_DEPS_ssm       := ssm
 FUZZ_DEPS_sigv4     := sigv4
 FUZZ_DEPS_agent     := agent_proto sha256
 FUZZ_DEPS_layer     := layer
+FUZZ_DEPS_pty_escape := pty_escape
+FUZZ_DEPS_tar       := tar
 LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/%.o) $(BUILD)/lua_blob.o $(BUILD)/agent_blob.o
 
 all: $(BUILD)/sbx $(BUILD)/libsbx.a $(BUILD)/libsbx.so $(BUILD)/sbx.so \
-     $(BUILD)/unit_capture $(BUILD)/unit_sigv4 $(BUILD)/unit_ssm $(BUILD)/embed_test \
+     $(BUILD)/unit_capture $(BUILD)/unit_sigv4 $(BUILD)/unit_ssm $(BUILD)/unit_pty_escape $(BUILD)/embed_test \
      $(FUZZ_NAMES:%=$(BUILD)/replay_%)
 
 $(BUILD)/%.o: src/%.c | $(BUILD)
@@ -133,7 +136,7 @@ $(BUILD)/libsbx.so: $(LIB_OBJS)
 $(BUILD)/sbx.so: $(LIB_OBJS)
 	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(BUILD)/sbx: $(BUILD)/main.o $(BUILD)/libsbx.a
+$(BUILD)/sbx: $(BUILD)/main.o $(BUILD)/init.o $(BUILD)/libsbx.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB) -lm
 
 $(BUILD)/unit_capture: tests/unit_capture.c $(BUILD)/capture.o
@@ -144,6 +147,9 @@ $(BUILD)/unit_sigv4: tests/unit_sigv4.c $(BUILD)/sigv4.o
 
 $(BUILD)/unit_ssm: tests/unit_ssm.c $(BUILD)/ssm.o
 	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB)
+
+$(BUILD)/unit_pty_escape: tests/unit_pty_escape.c $(BUILD)/pty_escape.o
+	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^
 
 $(BUILD)/embed_test: tests/embed_test.c $(BUILD)/libsbx.a
 	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $^ $(LIBS) $(LUALIB) -lm

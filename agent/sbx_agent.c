@@ -36,6 +36,7 @@
 */
 #define _GNU_SOURCE
 #include "agent_proto.h"
+#include "pty_escape.h"
 #include "sha256.h"
 
 #include <dirent.h>
@@ -122,8 +123,6 @@ struct job {
   int in_fd;                  /* command stdin (write end), -1 when closed */
   int out_fd[3];              /* [1] stdout, [2] stderr read ends */
   int status_fd;              /* supervisor's reports */
-  int mark_fd;                /* a session shell's "seq status" lines (fd 3), or -1 */
-  struct buf marks;           /* a partial line of them */
   uint32_t unread[3];         /* sent, not yet credited */
   double quiet_until;         /* a small read: the job's pipes gather until then
                                  (both: the streams keep their relative order) */
@@ -261,6 +260,25 @@ send_error(uint32_t id, const char *code, const char *fmt, ...)
   send_frame(SBX_AP_ERROR, id, p, n, NULL, 0);
 }
 
+/*
+** ERROR with code "exec_failed" for a command that could not start: the step
+** (STAGE: "cwd", "user", "exec" or "stdio") and the system's reason; the
+** host words the message (policy.format_exec_failed) from its request.
+*/
+static void
+send_exec_failed(uint32_t id, char kind, int err)
+{
+  static const char code[] = "exec_failed";
+  const char *stage = kind == 'D' ? "cwd" : kind == 'U' ? "user" : kind == 'E' ? "exec" : "stdio";
+  const char *why = kind == 'U' && err == ESRCH ? "no such user" : strerror(err);
+  uint8_t p[600];
+  size_t n = 0;
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_CODE, code, (uint32_t)strlen(code));
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_MESSAGE, why, (uint32_t)strlen(why));
+  sbx_ap_put(p, sizeof p, &n, SBX_AF_STAGE, stage, (uint32_t)strlen(stage));
+  send_frame(SBX_AP_ERROR, id, p, n, NULL, 0);
+}
+
 /* Bytes queued and not yet acknowledged: what pauses the pipes. */
 static size_t
 tx_held(void)
@@ -372,8 +390,6 @@ free_job(struct job *j)
   close_fd(&j->out_fd[1]);
   close_fd(&j->out_fd[2]);
   close_fd(&j->status_fd);
-  close_fd(&j->mark_fd);
-  free(j->marks.p);
   free(j->in.p);
   free(j);
   A.njobs--;
@@ -531,7 +547,9 @@ exec_path(char **argv, char **envp)
 
 /* What the supervisor tells the agent: a kind and a value. */
 struct report {
-  char kind;                /* 'P' pid, 'X' exit status, 'E' errno before exec */
+  char kind;                /* 'P' pid, 'X' exit status; the command could not
+                            ** start (value: errno): 'D' its directory, 'U' its
+                            ** user, 'E' its exec */
   int32_t value;
 };
 
@@ -545,70 +563,168 @@ on_parent_death(int sig)
   agent_gone = 1;
 }
 
+/* The host's /proc, where the box has none of its own (a container that
+** masks parts of its /proc: the kernel then refuses a new proc mount);
+** sbx-launch opened it before the box's namespaces and bubblewrap passed it
+** on ("--proc-fd N"). Its pids are the host's: each process's NSpid line
+** names its pid in the box's namespace, the proc_depth-th entry. -1:
+** the box's own /proc. */
+static int proc_fd = -1, proc_depth;
+static char proc_ns[64];
+
+/* Reads at most n - 1 bytes of a file under the proc directory dir. */
+static ssize_t
+read_proc(int dir, const char *name, char *buf, size_t n)
+{
+  int fd = openat(dir, name, O_RDONLY | O_CLOEXEC);
+  ssize_t r;
+  if (fd < 0)
+    return -1;
+  r = read(fd, buf, n - 1);
+  close(fd);
+  if (r >= 0)
+    buf[r] = 0;
+  return r;
+}
+
+/* A status file's NSpid entries: how many, and the one at index want. */
+static int
+nspid(const char *status, int want, pid_t *out)
+{
+  const char *p = strstr(status, "\nNSpid:");
+  int n = 0;
+  char *end;
+  if (!p)
+    return 0;
+  p += 7;
+  for (;;) {
+    long v = strtol(p, &end, 10);
+    if (end == p)
+      break;
+    if (n == want)
+      *out = (pid_t)v;
+    n++;
+    p = end;
+  }
+  return n;
+}
+
+/* One process of a /proc listing: its id in the listing, its parent's
+** there, and its pid in the box (what kill() takes): 0, or -1 when it is
+** gone or not of the box. */
+static int
+proc_entry(int dir, const char *name, pid_t *id, pid_t *ppid, pid_t *boxpid)
+{
+  char path[64], line[4096];
+  *id = (pid_t)atoi(name);
+  if (proc_fd < 0) {
+    snprintf(path, sizeof path, "%s/stat", name);
+    if (read_proc(dir, path, line, sizeof line) <= 0)
+      return -1;
+    char *rp = strrchr(line, ')');
+    if (!rp || sscanf(rp + 2, "%*c %d", ppid) != 1)
+      return -1;
+    *boxpid = *id;
+    return 0;
+  }
+  snprintf(path, sizeof path, "%s/status", name);
+  if (read_proc(dir, path, line, sizeof line) <= 0)
+    return -1;
+  const char *pp = strstr(line, "\nPPid:");
+  if (!pp || sscanf(pp + 6, "%d", ppid) != 1 || nspid(line, proc_depth - 1, boxpid) < proc_depth)
+    return -1;
+  return 0;
+}
+
+/* Is the process id (in the host's /proc) in the box's PID namespace? */
+static int
+in_box(int dir, pid_t id)
+{
+  char path[64], ns[64];
+  ssize_t r;
+  snprintf(path, sizeof path, "%d/ns/pid", (int)id);
+  r = readlinkat(dir, path, ns, sizeof ns - 1);
+  if (r <= 0)
+    return 0;
+  ns[r] = 0;
+  return strcmp(ns, proc_ns) == 0;
+}
+
 /* Kills every descendant of root (not root): stop them all, look again
 ** until no new one appears, then signal them and let them go on. Returns
-** how many were signalled. */
+** how many were signalled. Members are kept as ids of the /proc listing
+** (the host's, with --proc-fd) and signalled by their pids in the box. */
 static int
 kill_tree(pid_t root, int sig)
 {
-  pid_t members[8192];
+  static pid_t members[8192], pids[8192];
   int n = 0, round, added, i, count = 0;
-  members[n++] = root;
+  pid_t root_id = root;
+  int dfd = openat(proc_fd >= 0 ? proc_fd : AT_FDCWD, proc_fd >= 0 ? "." : "/proc",
+                   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  struct dirent *e;
+  if (!d) {
+    if (dfd >= 0)
+      close(dfd);
+    return 0;
+  }
+  if (proc_fd >= 0) {
+    /* root's id in the host's listing. */
+    root_id = 0;
+    while ((e = readdir(d))) {
+      pid_t id, ppid, bp;
+      if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && proc_entry(dfd, e->d_name, &id, &ppid, &bp) == 0 &&
+          bp == root && in_box(dfd, id)) {
+        root_id = id;
+        break;
+      }
+    }
+    if (!root_id) {
+      closedir(d);
+      return 0;
+    }
+  }
+  members[0] = root_id;
+  pids[n++] = root;
   for (round = 0; round < 16; round++) {
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    if (!d)
-      break;
     added = 0;
     /* Passes until no new child of a member turns up in this listing. */
     for (;;) {
       int grew = 0;
       rewinddir(d);
       while ((e = readdir(d))) {
-        char path[64], line[512];
-        pid_t pid = (pid_t)atoi(e->d_name);
-        int fd, k;
-        ssize_t r;
-        if (pid <= 1)
+        pid_t id, ppid, bp;
+        int k;
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || proc_entry(dfd, e->d_name, &id, &ppid, &bp) != 0 || bp <= 1)
           continue;
-        for (k = 0; k < n && members[k] != pid; k++)
+        for (k = 0; k < n && members[k] != id; k++)
           ;
         if (k < n)
-          continue;
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-          continue;
-        r = read(fd, line, sizeof line - 1);
-        close(fd);
-        if (r <= 0)
-          continue;
-        line[r] = 0;
-        char *rp = strrchr(line, ')');
-        pid_t ppid;
-        if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1)
           continue;
         for (k = 0; k < n && members[k] != ppid; k++)
           ;
         if (k < n && n < (int)(sizeof members / sizeof *members)) {
-          members[n++] = pid;
+          members[n] = id;
+          pids[n++] = bp;
           if (sig == SIGKILL)
-            kill(pid, SIGSTOP);
+            kill(bp, SIGSTOP);
           grew = added = 1;
         }
       }
       if (!grew)
         break;
     }
-    closedir(d);
     if (!added || sig != SIGKILL)
       break;
   }
+  closedir(d);
   for (i = 1; i < n; i++)
-    if (kill(members[i], sig) == 0)
+    if (kill(pids[i], sig) == 0)
       count++;
   if (sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
     for (i = 1; i < n; i++)
-      kill(members[i], SIGCONT);
+      kill(pids[i], SIGCONT);
   return count;
 }
 
@@ -717,17 +833,28 @@ struct spawn_req {
   int kind;
 };
 
+/* The child's last word when its command cannot start: which step (stage)
+** and errno, on the CLOEXEC pipe its supervisor reads. */
+static void __attribute__((noreturn))
+start_failed(int fd, char stage, int err)
+{
+  struct report why = { stage, err };
+  ssize_t w = write(fd, &why, sizeof why);
+  (void)w;
+  _exit(127);
+}
+
 /* The supervisor: forks the command, reports, reaps, and goes when the
 ** job's last process is gone. Never returns. */
 static void __attribute__((noreturn))
-supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, int mark_w)
+supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
 {
-  int keep[] = { in_r, out_w, err_w, status_w, mark_w };
+  int keep[] = { in_r, out_w, err_w, status_w, proc_fd };
   int errp[2];
   pid_t cmd;
   struct sigaction sa;
   sigset_t all;
-  close_others(keep, mark_w >= 0 ? 5 : 4);
+  close_others(keep, 5);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_parent_death;
@@ -748,13 +875,11 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
   }
   if (cmd == 0) {
     int e = 0;
+    char stage = 'I';   /* its stdio */
     close(errp[0]);
     close(status_w);
     setsid();
     if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
-      e = errno;
-    /* A session shell reports each command's status on fd 3. */
-    if (!e && mark_w >= 0 && (dup2(mark_w, 3) < 0 || (mark_w != 3 && close(mark_w) != 0)))
       e = errno;
     if (in_r > 2)
       close(in_r);
@@ -766,59 +891,56 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
       signal(s, SIG_DFL);
     if (!e && rq->cwd && chdir(rq->cwd) != 0) {
       e = errno;
-      dprintf(2, "sbx-agent: cannot change to %s: %s\n", rq->cwd, strerror(errno));
+      stage = 'D';
     }
     if (!e && rq->user) {
       uid_t uid;
       gid_t gid, groups[64];
       int ng = 64;
       char name[256];
-      if (lookup_user(rq->user, &uid, &gid, groups, &ng, name, sizeof name) != 0) {
+      stage = 'U';
+      if (lookup_user(rq->user, &uid, &gid, groups, &ng, name, sizeof name) != 0)
         e = ESRCH;
-        dprintf(2, "sbx-agent: unknown user %s\n", rq->user);
-      } else if (setgroups((size_t)ng, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+      else if (setgroups((size_t)ng, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
         e = errno;
-        dprintf(2, "sbx-agent: cannot become %s: %s\n", rq->user, strerror(errno));
-      }
     }
-    if (e) {
-      int32_t v = e;
-      ssize_t w = write(errp[1], &v, sizeof v);
-      (void)w;
-      _exit(126);
-    }
-    if (rq->kind == KIND_READ)
+    if (e)
+      start_failed(errp[1], stage, e);
+    /* File requests run here: started, as far as the host is concerned. */
+    if (rq->kind == KIND_READ) {
+      close(errp[1]);
       _exit(run_reader(rq->path) ? 1 : 0);
-    if (rq->kind == KIND_WRITE)
+    }
+    if (rq->kind == KIND_WRITE) {
+      close(errp[1]);
       _exit(run_writer(rq->path, rq->mode, rq->flags) ? 1 : 0);
+    }
     /* The box's own environment (the image's and the box's variables: the
     ** agent inherited them, as a docker exec process does), then the
     ** command's on top. */
     for (char **ev = rq->envp; *ev; ev++)
       putenv(*ev);
     exec_path(rq->argv, environ);
-    e = errno;
-    dprintf(2, "sbx-agent: cannot run %s: %s\n", rq->argv[0], strerror(e));
-    int32_t v = e;
-    ssize_t w = write(errp[1], &v, sizeof v);
-    (void)w;
-    _exit(e == ENOENT ? 127 : 126);
+    start_failed(errp[1], 'E', errno);
   }
   close(errp[1]);
   close(in_r);
   close(out_w);
   close(err_w);
-  if (mark_w >= 0)
-    close(mark_w);
-  report(status_w, 'P', (int32_t)cmd);
+  /* The command has started once errp closes on its exec (CLOEXEC) with
+  ** nothing in it; otherwise the child says which step failed, and the
+  ** host hears "exec_failed" instead of a pid (never an exit status a
+  ** command could also have chosen). */
   {
-    int32_t v;
+    struct report why;
     ssize_t r;
     do
-      r = read(errp[0], &v, sizeof v);
+      r = read(errp[0], &why, sizeof why);
     while (r < 0 && errno == EINTR);
-    if (r == (ssize_t)sizeof v)
-      report(status_w, 'E', v);
+    if (r == (ssize_t)sizeof why)
+      report(status_w, why.kind, why.value);
+    else
+      report(status_w, 'P', (int32_t)cmd);
     close(errp[0]);
   }
   /* Reap: the command first (its status), then whatever the job left. */
@@ -844,7 +966,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w, in
 static void
 start_job(uint32_t id, struct spawn_req *rq)
 {
-  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2], mk_p[2] = { -1, -1 };
+  int in_p[2] = { -1, -1 }, out_p[2], err_p[2], st_p[2];
   struct job *j;
   pid_t sup;
   if (find_job(id)) {
@@ -869,33 +991,25 @@ start_job(uint32_t id, struct spawn_req *rq)
   }
   if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(st_p, O_CLOEXEC) != 0)
     goto fail;
-  if ((rq->flags & SBX_AP_SESSION) && pipe2(mk_p, O_CLOEXEC) != 0)
-    goto fail;
   sup = fork();
   if (sup < 0)
     goto fail;
   if (sup == 0)
-    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1], mk_p[1]);
+    supervise(rq, in_p[0], out_p[1], err_p[1], st_p[1]);
   close(in_p[0]);
   close(out_p[1]);
   close(err_p[1]);
   close(st_p[1]);
-  if (mk_p[1] >= 0)
-    close(mk_p[1]);
   j = calloc(1, sizeof *j);
   if (!j)
     die("sbx-agent: out of memory");
   j->id = id;
-  j->mark_fd = -1;
   j->kind = rq->kind;
   j->sup = sup;
   j->in_fd = in_p[1];
   j->out_fd[1] = out_p[0];
   j->out_fd[2] = err_p[0];
   j->status_fd = st_p[0];
-  j->mark_fd = mk_p[0];
-  if (j->mark_fd >= 0)
-    set_nonblock(j->mark_fd);
   set_nonblock(j->out_fd[1]);
   set_nonblock(j->out_fd[2]);
   set_nonblock(j->status_fd);
@@ -1010,7 +1124,8 @@ write_stdin(struct job *j)
     j->in.off = j->in.len = 0;
     close_fd(&j->in_fd);
   }
-  if (j->in_done > j->in_acked) {
+  /* A forgotten job (id 0: FORGET, or it could not start) sends nothing. */
+  if (j->id && j->in_done > j->in_acked) {
     send_u32(SBX_AP_CREDIT, j->id, (uint32_t)(j->in_done - j->in_acked));
     j->in_acked = j->in_done;
   }
@@ -1054,13 +1169,7 @@ on_frame(const struct sbx_ap_frame *f)
   case SBX_AP_SIGNAL:
     if (j && f->len >= 2) {
       int sig = f->payload[0], n = 0;
-      if (f->payload[1] == 2 && j->pid > 0) {
-        /* A session's shell: interrupted (its trap ends the running
-        ** command), its children killed; the shell itself lives on. */
-        kill(j->pid, SIGINT);
-        n = kill_tree(j->pid, sig);
-      }
-      else if (f->payload[1] && j->sup > 0)
+      if (f->payload[1] && j->sup > 0)
         n = kill_tree(j->sup, sig);
       else if (j->pid > 0 && kill(-j->pid, sig) == 0)
         n = 1;
@@ -1163,65 +1272,6 @@ pump_output(struct job *j, int st)
   return pump_output_how(j, st, 0);
 }
 
-/*
-** A session shell's status lines ("seq status\n" on fd 3): for each, the
-** output the command wrote before it is drained first, then MARK tells the
-** host where that command's output ends and how it ended. The boundary is
-** exact for everything the command wrote before it finished; nothing the
-** command prints can fake it (fd 3 is closed while the command runs).
-*/
-static void process_marks(struct job *j);
-
-static void
-read_marks(struct job *j)
-{
-  uint8_t b[512];
-  ssize_t r;
-  for (;;) {
-    r = read(j->mark_fd, b, sizeof b);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    if (buf_reserve(&j->marks, (size_t)r) != 0)
-      die("sbx-agent: out of memory");
-    memcpy(j->marks.p + j->marks.len, b, (size_t)r);
-    j->marks.len += (size_t)r;
-  }
-  if (r == 0)
-    close_fd(&j->mark_fd);
-  process_marks(j);
-}
-
-/* MARK for each complete status line, once the output before it is out. */
-static void
-process_marks(struct job *j)
-{
-  for (;;) {
-    uint8_t *start = j->marks.p + j->marks.off;
-    uint8_t *nl = memchr(start, '\n', buf_size(&j->marks));
-    unsigned long seq;
-    int status;
-    uint8_t p[8];
-    if (!nl) {
-      if (buf_size(&j->marks) > 256)
-        j->marks.off = j->marks.len;   /* not a status line: dropped */
-      break;
-    }
-    /* The command's output first: it is in the pipes already. When the
-    ** window holds it back, the mark waits (the loop comes back here). */
-    if (j->id && (!pump_output_how(j, 1, 1) || !pump_output_how(j, 2, 1)))
-      break;
-    *nl = 0;
-    if (sscanf((char *)start, "%lu %d", &seq, &status) == 2 && j->id) {
-      sbx_ap_put_be32(p, (uint32_t)seq);
-      sbx_ap_put_be32(p + 4, (uint32_t)status);
-      send_frame(SBX_AP_MARK, j->id, p, 8, NULL, 0);
-    }
-    j->marks.off += (size_t)(nl - start) + 1;
-  }
-}
-
 static void
 read_status(struct job *j)
 {
@@ -1241,8 +1291,16 @@ read_status(struct job *j)
         if (j->id)
           send_u32(SBX_AP_EXIT, j->id, (uint32_t)r.value);
       }
-      /* 'E' (the command could not start): its exit status (126, 127)
-      ** and its message on stderr tell the host, as a shell would. */
+      else if (r.kind == 'D' || r.kind == 'U' || r.kind == 'E' || r.kind == 'I') {
+        /* The command could not start: one EXEC_FAILED and nothing more
+        ** for it (its supervisor still reaps the child). */
+        if (j->id)
+          send_exec_failed(j->id, r.kind, r.value);
+        j->id = 0;
+        /* Its stdin has no reader: what is queued and what comes is dropped. */
+        j->in.off = j->in.len = 0;
+        close_fd(&j->in_fd);
+      }
       continue;
     }
     break;
@@ -1283,7 +1341,7 @@ retire(void)
   struct job *j, *next;
   for (j = A.jobs; j; j = next) {
     next = j->next;
-    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0 && j->mark_fd < 0) {
+    if (j->done && j->out_fd[1] < 0 && j->out_fd[2] < 0) {
       if (j->id)
         send_frame(SBX_AP_DONE, j->id, NULL, 0, NULL, 0);
       /* A finished command is a good moment to let the host drop what it
@@ -1567,10 +1625,12 @@ detach(const char *why)
 
 /* Copies bytes both ways between (in, out) and sock until either side ends:
 ** the relay of "attach" and of the relay modes. Knows nothing of frames. */
+static int escape_out;   /* --escape: what goes to the channel is escaped (pty_escape.h) */
+
 static int
 relay(int in, int out, int sock)
 {
-  uint8_t up[CHUNK], down[CHUNK];
+  static uint8_t up[CHUNK], down[2 * CHUNK], raw[CHUNK];
   size_t up_n = 0, up_off = 0, down_n = 0, down_off = 0;
   int in_open = 1, sock_open = 1;
   set_nonblock(in);
@@ -1605,9 +1665,9 @@ relay(int in, int out, int sock)
           in_open = 0;
         }
       } else if (fds[i].fd == sock && (fds[i].events & POLLIN)) {
-        r = read(sock, down, sizeof down);
+        r = escape_out ? read(sock, raw, sizeof raw) : read(sock, down, CHUNK);
         if (r > 0) {
-          down_n = (size_t)r;
+          down_n = escape_out ? sbx_pty_escape(raw, (size_t)r, down) : (size_t)r;
           down_off = 0;
         } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
           sock_open = 0;
@@ -1746,13 +1806,30 @@ main(int argc, char **argv)
 {
   struct sigaction sa;
   uint8_t mode;
-  if (argc >= 2 && strcmp(argv[1], SBX_AP_SAY_RAW) == 0) {
-    say_raw = 1;
+  /* --say-raw and --escape, in any order, before the rest. */
+  while (argc >= 2 && (strcmp(argv[1], SBX_AP_SAY_RAW) == 0 || strcmp(argv[1], SBX_AP_ESCAPE) == 0)) {
+    if (strcmp(argv[1], SBX_AP_SAY_RAW) == 0)
+      say_raw = 1;
+    else
+      escape_out = 1;
     argc--;
     argv++;
   }
   if (argc == 3 && strcmp(argv[1], "attach") == 0)
     return attach_main(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--proc-fd") == 0) {
+    char st[4096];
+    ssize_t r;
+    proc_fd = atoi(argv[2]);
+    if (proc_fd < 3 || fcntl(proc_fd, F_SETFD, FD_CLOEXEC) != 0)
+      die("sbx-agent: --proc-fd %s is not an open fd", argv[2]);
+    /* The box's PID namespace and its depth in that /proc. */
+    r = readlinkat(proc_fd, "self/ns/pid", proc_ns, sizeof proc_ns - 1);
+    if (r <= 0 || read_proc(proc_fd, "self/status", st, sizeof st) <= 0 || (proc_depth = nspid(st, -1, NULL)) < 1)
+      die("sbx-agent: cannot read the box's own entry in the /proc of --proc-fd");
+    proc_ns[r] = 0;
+    argc -= 2;
+  }
   A.in = 0;
   A.out = 1;
   A.listen_fd = -1;
@@ -1864,11 +1941,6 @@ main(int argc, char **argv)
         map[n] = j;
         kinds[n++] = 20;
       }
-      if (j->mark_fd >= 0) {
-        fds[n] = (struct pollfd){ j->mark_fd, POLLIN, 0 };
-        map[n] = j;
-        kinds[n++] = 21;
-      }
       if (j->in_fd >= 0 && buf_size(&j->in) > 0) {
         fds[n] = (struct pollfd){ j->in_fd, POLLOUT, 0 };
         map[n] = j;
@@ -1891,16 +1963,12 @@ main(int argc, char **argv)
       case 11: pump_output(map[i], 1); break;
       case 12: pump_output(map[i], 2); break;
       case 20: read_status(map[i]); break;
-      case 21: read_marks(map[i]); break;
       case 30: write_stdin(map[i]); break;
       default:
         if (kinds[i] >= 100 && A.pend[kinds[i] - 100].fd == fds[i].fd)
           on_pending(&A.pend[kinds[i] - 100]);
       }
     }
-    for (j = A.jobs; j; j = j->next)
-      if (buf_size(&j->marks) > 0)
-        process_marks(j);
     retire();
     flush_tx();
   }

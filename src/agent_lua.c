@@ -21,6 +21,7 @@
 #include "host.h"
 #include "modules.h"
 #include "agent_proto.h"
+#include "pty_escape.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -269,7 +270,57 @@ agent_binary(lua_State *L)
   return 1;
 }
 
+/* core.agent.pty_decoder() -> d: undoes the relay's --escape (pty_escape.h)
+** on a channel through the SSM agent. d:decode(bytes) -> bytes | nil,
+** message (the escaping was broken: the channel was rewritten or cut);
+** d:done() -> whether no escape waits for its second byte. */
+#define PTY_DECODER_MT "sbx.agent.pty_decoder"
+
+static int
+pty_decoder_new(lua_State *L)
+{
+  struct sbx_pty_unescape *d = lua_newuserdatauv(L, sizeof *d, 0);
+  sbx_pty_unescape_init(d);
+  luaL_setmetatable(L, PTY_DECODER_MT);
+  return 1;
+}
+
+static int
+pty_decoder_decode(lua_State *L)
+{
+  struct sbx_pty_unescape *d = luaL_checkudata(L, 1, PTY_DECODER_MT);
+  size_t n, got;
+  const char *in = luaL_checklstring(L, 2, &n);
+  luaL_Buffer b;
+  char *out = luaL_buffinitsize(L, &b, n ? n : 1);
+  if (sbx_pty_unescape(d, in, n, out, &got) != 0) {
+    luaL_pushresultsize(&b, 0);
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    lua_pushliteral(L, "the channel's escaping is broken (an EF not followed by 30: "
+                       "bytes were rewritten or lost on the way)");
+    return 2;
+  }
+  luaL_pushresultsize(&b, got);
+  return 1;
+}
+
+static int
+pty_decoder_done(lua_State *L)
+{
+  struct sbx_pty_unescape *d = luaL_checkudata(L, 1, PTY_DECODER_MT);
+  lua_pushboolean(L, sbx_pty_unescape_done(d));
+  return 1;
+}
+
+static const luaL_Reg pty_decoder_methods[] = {
+  { "decode", pty_decoder_decode },
+  { "done", pty_decoder_done },
+  { NULL, NULL }
+};
+
 static const luaL_Reg agent_funcs[] = {
+  { "pty_decoder", pty_decoder_new },
   { "encode", agent_encode },
   { "decoder", agent_decoder },
   { "binary", agent_binary },
@@ -303,7 +354,14 @@ sbx_open_agent(lua_State *L)
   luaL_setfuncs(L, decoder_methods, 0);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
+  luaL_newmetatable(L, PTY_DECODER_MT);
+  luaL_newlibtable(L, pty_decoder_methods);
+  luaL_setfuncs(L, pty_decoder_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   luaL_newlib(L, agent_funcs);
+  lua_pushliteral(L, SBX_AP_ESCAPE);
+  lua_setfield(L, -2, "escape_arg");
   lua_pushinteger(L, SBX_AP_HEADER);
   lua_setfield(L, -2, "HEADER");
   lua_pushinteger(L, SBX_AP_TAG);

@@ -70,16 +70,14 @@
 ** Integers in fields are big-endian of the field's length (1, 2, 4 or 8).
 **
 ** Host to agent:
-**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND,
-**               SESSION (fd 3: a status pipe)]  start a command (a new
-**               session, no channel fds, under a per-job subreaper)
+**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND]
+**               start a command (a new session, no channel fds, under a
+**               per-job subreaper)
 **   STDIN id    bytes         to the command's stdin
 **   STDIN_EOF id              closes it
 **   SIGNAL id   u8 signal, u8 scope (0 the command, 1 its whole tree:
 **               stopped first, then signalled: nothing escapes, no next step
-**               of a script runs; 2 a session shell whose running command
-**               timed out: SIGINT to the shell (its trap ends that command)
-**               and the signal to its descendants, the shell lives on)
+**               of a script runs)
 **   CREDIT id   u8 stream, u32 bytes: the host read this much more of that
 **               stream; the agent sends at most `window` unread bytes per
 **               stream, then stops reading the command's pipe (the command
@@ -104,12 +102,13 @@
 **   EXIT id     i32 status: >= 0 an exit code, < 0 the negated signal
 **   DONE id     the job's supervisor is gone (its whole tree ended)
 **   KILLED id   u32 processes signalled
-**   MARK id     u32 seq, i32 status: a SESSION job's shell finished command
-**               seq (its "seq status" line on fd 3); every output frame of
-**               that command came before this frame
 **   CREDIT id   u8 0, u32 bytes: that much stdin reached the command; the
 **               host keeps at most `window` stdin bytes unacknowledged
-**   ERROR id    string code, string message (id 0: the channel)
+**   ERROR id    string code, string message (id 0: the channel); for a
+**               command that could not start, code "exec_failed" and
+**               string stage ("cwd", "user", "exec", "stdio"): the step
+**               that failed, message its reason; nothing else follows
+**               for that id (v3)
 **   PONG id     bytes
 **   AGENT_ACK 0 u64 agent_rx: the agent has these bytes
 */
@@ -119,7 +118,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SBX_AP_VERSION 2
+#define SBX_AP_VERSION 3
 #define SBX_AP_HEADER 10
 #define SBX_AP_TAG 16
 #define SBX_AP_KEY 32
@@ -137,6 +136,10 @@
 ** where the loader could not make the PTY raw itself (no stty), the host
 ** sends nothing more until it sees it. */
 #define SBX_AP_SAY_RAW "--say-raw"
+/* "sbx-agent --escape ...": the relay (relay modes and attach) escapes what
+** it writes to the channel (pty_escape.h), for a channel through the SSM
+** agent, which rewrites EF BF BD. */
+#define SBX_AP_ESCAPE "--escape"
 #define SBX_AP_RAW_LINE "__SBXAGENT_raw__\n"
 /* Seconds the agent gives a connection to prove the key. */
 #define SBX_AP_ATTACH_AUTH_SECONDS 10
@@ -164,7 +167,7 @@ enum sbx_ap_type {
   SBX_AP_EXIT = 0x93,
   SBX_AP_DONE = 0x94,
   SBX_AP_KILLED = 0x95,
-  SBX_AP_MARK = 0x96,
+  /* 0x96 was MARK (sessions' status lines); sessions are separate commands now */
   SBX_AP_ERROR = 0xA3,
   SBX_AP_PONG = 0xB1,
   SBX_AP_AGENT_ACK = 0xB2,
@@ -188,12 +191,13 @@ enum sbx_ap_field {
   SBX_AF_WINDOW = 14,
   SBX_AF_GRACE = 15,
   SBX_AF_ACK = 16,
+  SBX_AF_STAGE = 17,
 };
 
 /* SPAWN flags. */
 #define SBX_AP_STDIN_PIPE 1u
 #define SBX_AP_BACKGROUND 2u
-#define SBX_AP_SESSION 4u         /* a session shell: fd 3 carries "seq status" lines */
+/* 4u was SESSION (retired) */
 /* WRITE_FILE flags. */
 #define SBX_AP_MKDIRS 1u
 

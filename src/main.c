@@ -3,6 +3,7 @@
 ** main only builds the state and hands over argv; the exit status comes
 ** back from cli.main.
 */
+#include "init.h"
 #include "sbx.h"
 
 #include <lauxlib.h>
@@ -47,6 +48,7 @@ main(int argc, char **argv)
   lua_State *L;
   int status, code = 1;
   struct sigaction sa;
+  sbx_init();   /* as PID 1: an init that reaps and forwards, then sbx */
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigpipe;
   sa.sa_flags = SA_RESTART;

@@ -20,5 +20,6 @@ int sbx_open_proc(lua_State *L);
 int sbx_open_agent(lua_State *L);
 int sbx_open_layer(lua_State *L);
 int sbx_open_sandbox(lua_State *L);
+int sbx_open_tar(lua_State *L);
 
 #endif

@@ -48,8 +48,12 @@
 **                                the user namespace exists, so that
 **                                RLIMIT_NPROC counts the box's processes,
 **                                not the user's
+**        --keep-proc             the host's /proc opened (a directory fd,
+**                                before the namespaces) and left open as fd
+**                                5 for the agent (--proc-fd 5), where the
+**                                box gets no /proc of its own
 **      and the arguments after "--" are bubblewrap's command line;
-**   6. closes every fd above 3 but the seccomp program's, says "x" (the
+**   6. closes every fd above 3 but the seccomp program's and /proc's, says "x" (the
 **      setup went well; fd 3 closes with the exec), and execs it.
 ** Any failure is one line on stderr and exit status 125.
 */
@@ -75,6 +79,7 @@
 #define MAX_CGROUPS 8
 #define MAX_MESSAGE (1 << 20)
 #define SECCOMP_FD 4
+#define PROC_FD 5
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -133,7 +138,7 @@ number(const char *s, const char *what)
 /* Every fd above 2 but keep closed: nothing of sbx's leaks into the box (a
 ** Lua script's open files carry no close-on-exec flag). */
 static void
-close_others(int keep)
+close_others(int keep, int keep2)
 {
   DIR *d = opendir("/proc/self/fd");
   struct dirent *e;
@@ -142,7 +147,8 @@ close_others(int keep)
     die("cannot list /proc/self/fd: %s", strerror(errno));
   while ((e = readdir(d)) && nfds < 1024) {
     int fd = atoi(e->d_name);
-    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 3 && fd != dirfd(d) && fd != keep)
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 3 && fd != dirfd(d) && fd != keep &&
+        fd != keep2)
       fds[nfds++] = fd;
   }
   closedir(d);
@@ -259,7 +265,7 @@ int
 main(int argc, char **argv)
 {
   struct op ops[MAX_OPS];
-  int nops = 0, i, prog = -1, map_self = 0, nargs;
+  int nops = 0, i, prog = -1, map_self = 0, keep_proc = 0, nargs;
   char b, **args, *seccomp;
   size_t seccomp_len;
   uid_t uid = getuid();
@@ -311,6 +317,8 @@ main(int argc, char **argv)
     }
     if (strcmp(args[i], "--map-self") == 0)
       map_self = 1;
+    else if (strcmp(args[i], "--keep-proc") == 0)
+      keep_proc = 1;
     else if (strcmp(args[i], "--tmpfs") == 0)
       want = 2;
     else if (strcmp(args[i], "--mkdir") == 0)
@@ -333,6 +341,13 @@ main(int argc, char **argv)
   if (prog < 0 || prog >= nargs)
     die("no program after --");
 
+  if (keep_proc) {
+    int fd = open("/proc", O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+      die("cannot open /proc: %s", strerror(errno));
+    if (fd != PROC_FD && (dup2(fd, PROC_FD) != PROC_FD || close(fd) != 0))
+      die("cannot place /proc's fd: %s", strerror(errno));
+  }
   if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
     die("cannot make the box's user and mount namespaces: %s", strerror(errno));
   if (map_self) {
@@ -396,7 +411,7 @@ main(int argc, char **argv)
             (unsigned long long)rl.rlim_max, strerror(errno));
     }
   }
-  close_others(seccomp ? SECCOMP_FD : -1);
+  close_others(seccomp ? SECCOMP_FD : -1, keep_proc ? PROC_FD : -1);
   signal(SIGPIPE, SIG_DFL);
   if (fcntl(3, F_SETFD, FD_CLOEXEC) != 0 || write(3, "x", 1) != 1)
     die("cannot tell sbx: %s", strerror(errno));

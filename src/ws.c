@@ -13,8 +13,15 @@
 ** Flow control. Whole received messages wait for recv in a queue; above
 ** max_queue bytes the connection stops reading (the TCP window then stops
 ** the server) until recv has drained half of it. The message being
-** reassembled is bounded by max_message instead. Sends are queued whole and
-** written in frames of at most TX_CHUNK bytes as the socket takes them.
+** reassembled is bounded by max_message instead.
+**
+** Sends are never fragmented: each message goes out as one frame (one
+** lws_write; lws keeps what the socket does not take yet and calls back
+** once it is written). Kubernetes' exec server (wsstream over
+** golang.org/x/net/websocket) reads every frame as a message of its own and
+** takes its first byte as the channel, so a continuation frame would be
+** mangled. A message longer than max_send is refused (it raises): callers
+** split their data into messages that each fit.
 */
 #include "host.h" /* <uv.h> first: the lws header's libuv glue needs it */
 #include "modules.h"
@@ -33,7 +40,6 @@
 #define WS_MT "sbx.ws"
 #define WS_PROTOCOL "sbx-ws"
 #define RX_CHUNK 16384          /* most payload bytes per receive callback */
-#define TX_CHUNK 65536          /* larger messages go out as fragments */
 #define SERV_BUF 32768          /* lws's per-loop buffer; holds the upgrade request */
 #define LWS_OWN_TIMEOUT 86400   /* lws's handshake timeouts: ours (timeout=) decide */
 #define CLOSE_FLUSH_SECS 10     /* queued sends get this long before a close */
@@ -47,6 +53,7 @@ struct ws_msg {
   struct ws_msg *next;
   size_t len, off;              /* off: bytes already written (outgoing) */
   int binary;
+  char *p;                      /* the payload: data, or data + LWS_PRE (outgoing) */
   char data[];
 };
 
@@ -86,7 +93,6 @@ struct sbx_ws {
   struct ws_conn *conns;        /* every connection not yet freed */
   int dying;                    /* sbx_ws_shutdown ran: start nothing */
   int vhost_seq;
-  unsigned char tx[LWS_PRE + TX_CHUNK]; /* lws_write wants LWS_PRE in front */
 };
 
 /* The wait of connect: embeds the waiter, points at the connection. */
@@ -127,7 +133,7 @@ struct ws_conn {
   struct ws_msg *asm_msg;       /* the message being reassembled */
   size_t asm_cap;
   int asm_binary;
-  size_t max_message, max_queue;
+  size_t max_message, max_queue, max_send;
   int rx_paused;
   struct sbx_waiter *reader;
   /* sending */
@@ -181,18 +187,20 @@ q_clear(struct ws_queue *q)
     free(m);
 }
 
+/* An outgoing message: LWS_PRE bytes of room in front, as lws_write wants. */
 static struct ws_msg *
 msg_new(const char *p, size_t n, int binary)
 {
-  struct ws_msg *m = malloc(sizeof *m + (n ? n : 1));
+  struct ws_msg *m = malloc(sizeof *m + LWS_PRE + (n ? n : 1));
   if (!m)
     return NULL;
   m->next = NULL;
   m->len = n;
   m->off = 0;
   m->binary = binary;
+  m->p = m->data + LWS_PRE;
   if (n)
-    memcpy(m->data, p, n);
+    memcpy(m->p, p, n);
   return m;
 }
 
@@ -394,6 +402,7 @@ rx_data(struct ws_conn *c, struct lws *wsi, const char *p, size_t n)
     }
     if (!c->asm_msg)
       m->len = 0;
+    m->p = m->data;
     c->asm_msg = m;
     c->asm_cap = cap;
   }
@@ -433,41 +442,30 @@ peer_close(struct ws_conn *c, const unsigned char *p, size_t len)
 }
 
 /*
-** One write per callback, as lws wants: a ping, else the next frame of the
-** first queued message, else (once all is written) the close frame.
+** One write per callback, as lws wants: a ping, else the first queued
+** message as one frame, else (once all is written) the close frame. lws
+** holds what the socket did not take and calls back only once it is out.
 */
 static int
 writable(struct ws_conn *c, struct lws *wsi)
 {
-  unsigned char *p = c->ws->tx + LWS_PRE;
   struct ws_msg *m;
   if ((m = c->pings.head)) {
     int rc;
     q_pop(&c->pings);
-    memcpy(p, m->data, m->len);
-    rc = lws_write(wsi, p, m->len, LWS_WRITE_PING);
+    rc = lws_write(wsi, (unsigned char *)m->p, m->len, LWS_WRITE_PING);
     free(m);
     if (rc < 0)
       return -1;
   }
   else if ((m = c->tx.head)) {
-    size_t n = m->len - m->off;
-    int flags = m->off ? LWS_WRITE_CONTINUATION : m->binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT;
-    if (n > TX_CHUNK) {
-      n = TX_CHUNK;
-      flags |= LWS_WRITE_NO_FIN;
-    }
-    if (n)
-      memcpy(p, m->data + m->off, n);
-    if (lws_write(wsi, p, n, (enum lws_write_protocol)flags) < 0)
+    /* The whole message as one frame (FIN set): never a continuation. */
+    int flags = m->binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT;
+    if (lws_write(wsi, (unsigned char *)m->p, m->len, (enum lws_write_protocol)flags) < 0)
       return -1;
-    m->off += n;
-    c->tx.bytes -= n;
-    c->bytes_out += (lua_Integer)n;
-    if (m->off == m->len) {
-      free(q_pop(&c->tx));
-      c->messages_out++;
-    }
+    c->bytes_out += (lua_Integer)m->len;
+    free(q_pop(&c->tx));
+    c->messages_out++;
   }
   else if (c->close_wanted) {
     /* lws 4.1 drops the close frame when this callback returns -1; a
@@ -1262,7 +1260,7 @@ opt_number(lua_State *L, int opts, const char *name, double def)
 }
 
 /*
-** core.ws.connect{ url=, headers=, timeout=, max_message=, max_queue=,
+** core.ws.connect{ url=, headers=, timeout=, max_message=, max_queue=, max_send=,
 **   ca_file=, ca_data=, cert_data=, key_data= (PEM), insecure=,
 **   protocols= { "name", ... } } -> ws | nil, message, code. The server's
 **   choice among protocols is ws:info().protocol. Yields until the
@@ -1283,7 +1281,7 @@ ws_connect(lua_State *L)
   const char *url, *headers, *protos, *why = NULL;
   struct ws_tls tls;
   size_t headers_len, protos_len;
-  double timeout, max_message, max_queue;
+  double timeout, max_message, max_queue, max_send;
   int insecure, rc;
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
@@ -1297,6 +1295,8 @@ ws_connect(lua_State *L)
   luaL_argcheck(L, max_message >= 1 && max_message < 1e15, 1, "max_message must be positive");
   max_queue = opt_number(L, 1, "max_queue", 4 << 20);
   luaL_argcheck(L, max_queue >= 1 && max_queue < 1e15, 1, "max_queue must be positive");
+  max_send = opt_number(L, 1, "max_send", 16 << 20);
+  luaL_argcheck(L, max_send >= 1 && max_send < 1e15, 1, "max_send must be positive");
   memset(&tls, 0, sizeof tls);
   lua_getfield(L, 1, "ca_file");
   tls.ca_file = luaL_optstring(L, -1, NULL);
@@ -1356,6 +1356,7 @@ ws_connect(lua_State *L)
   c->deadline = sbx_now() + timeout;
   c->max_message = (size_t)max_message;
   c->max_queue = (size_t)max_queue;
+  c->max_send = (size_t)max_send;
   c->tls_flags = LCCSCF_HTTP_NO_FOLLOW_REDIRECT;
   if (u.tls)
     c->tls_flags |= LCCSCF_USE_SSL;
@@ -1414,7 +1415,11 @@ push_closed(lua_State *L, struct ws_conn *c)
   return sbx_pushfail(L, "closed", "%s", c->end[0] ? c->end : "the websocket is closing");
 }
 
-/* ws:send(data [, "binary"|"text"]) -> true | nil, message, "closed" */
+/*
+** ws:send(data [, "binary"|"text"]) -> true | nil, message, "closed". The
+** message goes out as one frame; one longer than max_send raises (the
+** caller splits its data).
+*/
 static int
 ws_send(lua_State *L)
 {
@@ -1424,6 +1429,10 @@ ws_send(lua_State *L)
   const char *p = luaL_checklstring(L, 2, &n);
   int binary = luaL_checkoption(L, 3, "binary", types);
   struct ws_msg *m;
+  if (n > c->max_send)
+    return luaL_error(L, "a websocket message of %I bytes is longer than max_send (%I): "
+                         "it would need fragments; split it",
+                      (lua_Integer)n, (lua_Integer)c->max_send);
   if (c->state != ST_OPEN)
     return push_closed(L, c);
   m = msg_new(p, n, binary);
@@ -1577,6 +1586,7 @@ ws_info(lua_State *L)
   set_int(L, "bytes_out", c->bytes_out);
   set_int(L, "pongs", c->pongs);
   set_int(L, "queued", (lua_Integer)c->rx.bytes);
+  set_int(L, "max_send", (lua_Integer)c->max_send);
   return 1;
 }
 

@@ -33,8 +33,8 @@ def skip(name, why):
 
 T = dict(HELLO=0x01, SPAWN=0x10, STDIN=0x11, STDIN_EOF=0x12, SIGNAL=0x13, CREDIT=0x14, FORGET=0x15,
          READ_FILE=0x20, WRITE_FILE=0x21, PING=0x30, STARTED=0x90, OUT=0x91, EOF=0x92, EXIT=0x93,
-         DONE=0x94, KILLED=0x95, MARK=0x96, ERROR=0xA3, PONG=0xB1)
-ARGV, ENV, CWD, USER, FLAGS, PATH, MAX, MODE, CODE, MESSAGE, VERSION, PID, ARCH, WINDOW = range(1, 15)
+         DONE=0x94, KILLED=0x95, ERROR=0xA3, PONG=0xB1)
+ARGV, ENV, CWD, USER, FLAGS, PATH, MAX, MODE, CODE, MESSAGE, VERSION, PID, ARCH, WINDOW, GRACE, ACK, STAGE = range(1, 18)
 
 
 def field(tag, value):
@@ -100,7 +100,7 @@ class Agent:
             self.buf += chunk
 
     def hello(self, window=1 << 20):
-        self.send(T["HELLO"], 0, field(VERSION, struct.pack(">I", 2)) + field(WINDOW, struct.pack(">I", window)))
+        self.send(T["HELLO"], 0, field(VERSION, struct.pack(">I", 3)) + field(WINDOW, struct.pack(">I", window)))
 
     def run(self, fid, argv, env=("PATH=/usr/bin:/bin",), stdin=None, flags=0, cwd=None, timeout=15):
         p = b"".join(field(ARGV, a) for a in argv) + b"".join(field(ENV, e) for e in env)
@@ -132,6 +132,10 @@ class Agent:
                 res["status"] = struct.unpack(">i", payload)[0]
             elif ftype == T["DONE"]:
                 return res
+            elif ftype == T["ERROR"]:
+                # exec_failed: nothing more comes for this id.
+                res["error"] = fields(payload)
+                return res
         return res
 
     def close(self):
@@ -153,7 +157,7 @@ def check_arch(label, argv):
         a.p.kill()
         return
     h = fields(f[2])
-    ok(struct.unpack(">I", h[VERSION][0])[0] == 2, label + ": protocol version 2")
+    ok(struct.unpack(">I", h[VERSION][0])[0] == 3, label + ": protocol version 3")
     ok(h.get(ARCH, [b""])[0] in (b"x86_64", b"aarch64"), label + ": and its architecture (%r)" % h.get(ARCH))
     a.hello()
     r = a.run(1, ["sh", "-c", "echo out; echo err >&2; exit 3"])
@@ -165,7 +169,20 @@ def check_arch(label, argv):
     r = a.run(3, ["cat"], stdin=data)
     ok(r["out"] == data, label + ": 100 kB of stdin with every byte value comes back exactly")
     r = a.run(4, ["/nonexistent/program"])
-    ok(r["status"] == 127 and b"cannot run" in r["err"], label + ": a missing program: 127 and a message", r)
+    e = r.get("error") or {}
+    ok(e.get(CODE) == [b"exec_failed"] and e.get(STAGE) == [b"exec"] and r["status"] is None and r["err"] == b"",
+       label + ": a missing program: ERROR exec_failed, stage exec, no exit status", r)
+    r = a.run(41, ["pwd"], cwd="/nonexistent/dir")
+    e = r.get("error") or {}
+    ok(e.get(CODE) == [b"exec_failed"] and e.get(STAGE) == [b"cwd"] and e.get(MESSAGE) == [b"No such file or directory"],
+       label + ": a missing cwd: ERROR exec_failed, stage cwd, the reason", r)
+    r = a.run(43, ["/nonexistent/program"], stdin=data)
+    e = r.get("error") or {}
+    r2 = a.run(44, ["true"])
+    ok(e.get(CODE) == [b"exec_failed"] and r2["status"] == 0 and T["CREDIT"] not in r2["frames"],
+       label + ": with 100 kB of stdin: exec_failed, and no frame for it after (no stdin credit)", (r, r2["frames"]))
+    r = a.run(42, ["sh", "-c", "exit 127"])
+    ok(r["status"] == 127 and "error" not in r, label + ": a command's own 127 is its exit status", r)
     r = a.run(5, ["pwd"], cwd="/tmp")
     ok(r["out"] == b"/tmp\n", label + ": cwd", r["out"])
     # The tree kill: stop, then kill; nothing escapes, no next step runs.

@@ -5,6 +5,7 @@
 --     transport = "agent",        -- what box.transport must say
 --     separate_stderr = true,     -- false: one PTY, stderr arrives in stdout
 --     user = true,                -- a per-command user works
+--     binary_argv = true,         -- false: an argv must be UTF-8 (a JSON API)
 --   })
 -- One box per pair (the suite cleans up after itself), so CI pays one
 -- creation per pair.
@@ -60,6 +61,62 @@ function M.run(tap, label, box, caps)
   if caps.user ~= false then
     r = assert(box:exec("id -u", { user = "65534" }))
     tap.is(r.stdout, "65534\n", t("a per-command user"))
+  end
+
+  -- One contract: a command that cannot start is nil, message,
+  -- "exec_failed" (never an exit code that a command could have chosen),
+  -- and the message names what was missing.
+  local cannot = {
+    { { "/nonexistent/sbx-no-such-program" }, nil, "a program that does not exist", "sbx%-no%-such%-program" },
+    { { "/etc/passwd" }, nil, "a program that is not executable", "/etc/passwd" },
+    { "pwd", { cwd = "/nonexistent/sbx-no-dir" }, "a cwd that does not exist", "sbx%-no%-dir" },
+    { { "/tmp" }, nil, "a directory as the program", "/tmp" },
+    { { "/nonexistent/sbx-no-such-program" }, { stdin = ("x"):rep(300000) }, "with 300 kB of stdin waiting",
+      "sbx%-no%-such%-program" },
+  }
+  if caps.user ~= false then
+    cannot[#cannot + 1] = { "id", { user = "sbx-no-such-user" }, "an unknown user", "sbx%-no%-such%-user" }
+  end
+  for _, c in ipairs(cannot) do
+    local cr, cerr, ccode = box:exec(c[1], c[2])
+    tap.is(ccode, "exec_failed", t(c[3] .. ": exec_failed, not " ..
+      (cr and ("exit " .. tostring(cr.exit_code)) or tostring(ccode)) .. " (" .. tostring(cerr) .. ")"))
+    tap.ok(cr == nil and type(cerr) == "string" and cerr:find(c[4]) ~= nil, t(c[3] .. ": the message names it"))
+  end
+  r = assert(box:exec({ "sh", "-c", "exit 127" }))
+  tap.is(r.exit_code, 127, t("a command's own exit 127 stays its exit code"))
+  r = assert(box:exec("sbx-no-such-command-here"))
+  tap.is(r.exit_code, 127, t("a shell that cannot find a command exits 127 (the shell started)"))
+  r = assert(box:exec({ "sh", "-c", "exit 126" }, { cwd = "/tmp", env = { SBX_CONF_Y = "1" } }))
+  tap.is(r.exit_code, 126, t("and its own exit 126, with a cwd and env"))
+  r = assert(box:exec({ "sh", "-c", "exit 125" }, { cwd = "/tmp" }))
+  tap.is(r.exit_code, 125, t("and its own exit 125"))
+
+  -- Bytes: r.stdout and r.stderr are exactly what the command wrote; every
+  -- byte value in (stdin, argv where the transport can carry it) and out.
+  local every = {}
+  for i = 0, 255 do every[#every + 1] = string.char(i) end
+  every = table.concat(every)
+  r = assert(box:exec({ "cat" }, { stdin = every }))
+  tap.ok(r.stdout == every, t("all 256 byte values through stdin and stdout, exactly") ..
+    string.format(" (%d bytes back, %d expected)", #r.stdout, #every))
+  tap.is(r.stdout_bytes, 256, t("counted as 256 bytes"))
+  r = assert(box:exec("cat >&2", { stdin = every:rep(2) }))
+  tap.ok((caps.separate_stderr ~= false and r.stderr or r.stdout) == every:rep(2),
+    t("all 256 byte values on stderr, exactly") .. string.format(" (%d bytes)", #(r.stderr or "")))
+  local fmt = every:gsub(".", function(ch) return string.format("\\%03o", ch:byte()) end)
+  r = assert(box:exec({ "printf", fmt }))
+  tap.ok(r.stdout == every, t("all 256 byte values written by printf, exactly"))
+  tap.ok(r.output == every, t("and in output"))
+  local ctl = every:sub(2, 128)
+  r = assert(box:exec({ "printf", "%s", ctl }))
+  tap.ok(r.stdout == ctl, t("an argv with every ASCII byte but NUL, exactly"))
+  local high = every:sub(2)
+  r, err, code = box:exec({ "printf", "%s", high })
+  if caps.binary_argv == false then
+    tap.is(code, "unsupported", t("an argv that is not UTF-8: unsupported on this transport (" .. tostring(err) .. ")"))
+  else
+    tap.ok(r and r.stdout == high, t("an argv with every byte value but NUL, exactly") .. " (" .. tostring(err) .. ")")
   end
 
   -- Files, binary-exact.
@@ -129,20 +186,22 @@ function M.run(tap, label, box, caps)
   r = assert(box:exec("printf '__SBX_0123456789abcdef_E0__\\n'; exit 1"))
   tap.is(r.exit_code, 1, t("a command cannot print its way to another exit status"))
 
-  -- Sessions: the agent's persistent shell; the exec transport has none.
-  if box.transport == "agent" then
+  -- Sessions, on every transport: each command a new shell process.
+  do
     local s = assert(box:session())
-    assert(s:exec("cd /tmp && CONF_X=41 && conf_f() { echo f$1; }"))
+    assert(s:exec("cd /tmp && export CONF_X=41 && conf_f() { echo f$1; }"))
     local sr = assert(s:exec("echo $((CONF_X + 1)) $(pwd) $(conf_f 2)"))
     tap.is(sr.stdout, "42 /tmp f2\n", t("a session keeps cwd, variables and functions"))
-    sr = assert(s:exec("echo before; sleep 30; touch /tmp/conf-after", { timeout = 1 }))
-    tap.ok(sr.timed_out and sr.stdout == "before\n", t("a session command times out with its partial output"))
+    sr = assert(s:exec("printf() { :; }; builtin() { :; }; __sbx_save() { exit 0; }; echo 'ALL TESTS PASSED'; false"))
+    tap.is(sr.exit_code, 1, t("a session command that shadows printf, builtin and the helper: its status is its own"))
+    tap.is(assert(s:exec("false")).exit_code, 1, t("and a later one's too"))
+    sr = assert(s:exec("echo before; trap '' INT; sleep 3; touch /tmp/conf-after", { timeout = 1 }))
+    tap.ok(sr.timed_out and sr.session_reset and sr.stdout == "before\n",
+      t("a session command that ignores the interrupt times out with its partial output, session_reset"))
+    sbx.sleep(4)
     sr = assert(s:exec("echo $CONF_X; test -e /tmp/conf-after && echo ran || echo never"))
-    tap.is(sr.stdout, "41\nnever\n", t("the same shell afterwards; the timed-out command's next step never ran"))
+    tap.is(sr.stdout, "41\nnever\n", t("the session goes on; the timed-out command's next step never ran"))
     s:close()
-  else
-    local s, _, code = box:session()
-    tap.ok(s == nil and code == "unsupported", t("box:session() is unsupported on the exec transport"))
   end
   box:exec("rm -rf /tmp/conf /tmp/conf-after")
 end

@@ -6,7 +6,9 @@ local conformance = require "conformance"
 
 for _, transport in ipairs { "exec", "agent" } do
   local box = H.box { image = H.image, transport = transport }
-  conformance.run(tap, "docker/" .. transport, box, { transport = transport, separate_stderr = true, user = true })
+  conformance.run(tap, "docker/" .. transport, box, {
+    transport = transport, separate_stderr = true, user = true, binary_argv = transport == "agent",
+  })
   box:close()
 end
 tap.done()

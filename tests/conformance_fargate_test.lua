@@ -16,6 +16,7 @@ for _, transport in ipairs { "exec", "agent" } do
   local box = assert(sbx.box { backend = "fargate", image = H.image, transport = transport })
   conformance.run(tap, "fargate/" .. transport, box, {
     transport = transport, separate_stderr = transport == "agent", user = transport == "agent",
+    binary_argv = transport == "agent",
   })
   box:close()
 end

@@ -48,10 +48,21 @@ tap.like(joined, "stdout:line1", "callback sees stdout")
 tap.like(joined, "stderr:e3", "callback sees stderr")
 
 r = assert(box:exec([[printf 'ok \377\376 bad \xc3\xa9 good\n'; head -c 3000 /dev/urandom]]))
-tap.ok(sbx.text.valid(r.stdout), "non-UTF-8 output is made valid UTF-8")
-tap.like(r.stdout, "ok \u{FFFD}\u{FFFD} bad é good", "invalid bytes become U+FFFD, valid ones stay")
+tap.is(r.stdout:sub(1, 18), "ok \255\254 bad \xc3\xa9 good\n", "r.stdout keeps the bytes the command wrote")
+tap.is(#r.stdout, 18 + 3000, "all of them")
 tap.ok(sbx.json.decode(sbx.json.encode({ out = r.stdout })) ~= nil, "binary output encodes to valid JSON")
 tap.is(r.stdout_bytes, 18 + 3000, "byte counts are of the raw bytes")
+local mt, replaced = sbx.model_text("ok \255\254 bad \xc3\xa9 good\n")
+tap.is(mt, "ok \u{FFFD}\u{FFFD} bad é good\n", "sbx.model_text: a U+FFFD for each invalid byte (maximal subpart), valid text stays")
+tap.is(replaced, 2, "and says how many bytes it replaced")
+local tool_text = sbx.policy.format_result(r)
+tap.ok(sbx.text.valid(tool_text), "the tool text for it is valid UTF-8")
+tap.like(tool_text, "%[%d+ bytes of this output are not UTF%-8 text", "and says that bytes were replaced")
+local bg = assert(box:spawn("printf 'a\\377b'"))
+box:wait(bg, 10)
+local o = assert(box:output(bg))
+tap.ok(o.text == "a\u{FFFD}b" and o.replaced == 1, "box:output gives text, and how many bytes it replaced")
+tap.like(sbx.policy.format_process_output(o), "%[1 byte of this output is not UTF%-8 text", "and process_output's text says so")
 
 -- A multibyte character split across chunk boundaries survives streaming.
 local chunks = {}

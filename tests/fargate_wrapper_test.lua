@@ -11,13 +11,19 @@ local SECRET = "fedcba98765432100123456789abcdef"      -- sent as the first inpu
 
 -- Returns the output, the exit status and how often the ready and the
 -- stdin markers fired.
+-- The wrapper's output through its filters: the markers, then (after the
+-- ready marker) the start check's (ID is also the check's id here).
+local start_check = require "sbx.transports.start_check"
 local function run_filter(chunks)
   local out, ready, stdin = {}, 0, 0
-  local fl = F.marker_filter(ID, SECRET, function(b) out[#out + 1] = b end, function() ready = ready + 1 end,
-    function() stdin = stdin + 1 end)
+  local check = start_check.filter(ID, function(b) out[#out + 1] = b end)
+  local fl = F.marker_filter(ID, SECRET, function(b)
+    if ready > 0 then check.feed(b) else out[#out + 1] = b end
+  end, function() ready = ready + 1 end, function() stdin = stdin + 1 end)
   for _, c in ipairs(chunks) do fl.feed(c) end
   fl.flush()
-  return table.concat(out), fl.exit_code, ready, stdin
+  check.flush()
+  return table.concat(out), fl.exit_code, ready, stdin, check.failed
 end
 
 local function every_split(stream, want_text, want_code)
@@ -141,10 +147,14 @@ for _, shell in ipairs { "/bin/sh", "/usr/bin/dash", "/usr/bin/bash", "/usr/bin/
   tap.like(t, "__SBX_%%s_E%%d__.*end\n$", shell .. ": the command read its ancestors' argv (the wrapper's too)")
   tap.ok(not t:find(SECRET, 1, true), shell .. ": and the secret is in none of them, nor on the PTY", t)
   tap.is(c, 0, shell .. ": and its status came through")
-  -- An argv naming a builtin runs inside the wrapper's subshell.
-  t, c = run_filter { sh_pty(wrap { argv = { "set" }, env = {} }) }
-  tap.ok(not t:find(SECRET, 1, true) and t:find("SBX", 1, true), shell .. ": the builtin set sees no secret", t)
-  tap.is(c, 0, shell .. ": builtin: status")
+  -- An argv naming a builtin is no program: the start check refuses it
+  -- (exec_failed, as on every transport), before it could see anything.
+  local failed
+  t, c, _, _, failed = run_filter { sh_pty(wrap { argv = { "set" }, env = {} }) }
+  tap.ok(not t:find(SECRET, 1, true), shell .. ": the builtin set sees no secret", t)
+  tap.ok(c == 125 and failed and failed.stage == "exec", shell .. ": an argv naming a builtin is refused by the start check")
+  t, c, _, _, failed = run_filter { sh_pty(wrap { argv = { "pwd" }, env = {}, cwd = "/nonexistent/sbx" }) }
+  tap.ok(c == 125 and failed and failed.stage == "cwd" and t == "", shell .. ": a missing cwd: the start check's failure, no output")
   t, c = run_filter { sh_pty(wrap { argv = { "sh", "-c", "echo $sbx_secret; exit 4" },
     env = { "sbx_secret=mine" } }) }
   tap.is(t, "mine\n", shell .. ": a caller's variable of the wrapper's name reaches the command")

@@ -309,7 +309,7 @@ do
     tasks = {
       { id = "run-refused", run = "forbidden run" },
       { id = "setup-refused", setup = { "forbidden setup" }, run = "true" },
-      { id = "check-refused", run = "true", check = "forbidden check" },
+      { id = "check-refused", run = "true", check = "forbidden check", outputs = { "/tmp/none" } },
       { id = "fine", run = "true" },
       { id = "bad-option", box = { host_config = { Privileged = true } }, run = "true" },
     } }

@@ -107,9 +107,12 @@ run_one replay_ssm "$build/replay_ssm" fuzz/corpus/ssm
 run_one replay_sigv4 "$build/replay_sigv4" fuzz/corpus/sigv4
 run_one replay_agent "$build/replay_agent" fuzz/corpus/agent
 run_one replay_layer "$build/replay_layer" fuzz/corpus/layer
+run_one replay_pty_escape "$build/replay_pty_escape" fuzz/corpus/pty_escape
+run_one replay_tar "$build/replay_tar" fuzz/corpus/tar
 # Vectors from the official AWS projects (licenses in tests/data/*/).
 run_one unit_sigv4 "$build/unit_sigv4" tests/data/aws-sigv4
 run_one unit_ssm "$build/unit_ssm" tests/data/ssm/vectors.jsonl
+run_one unit_pty_escape "$build/unit_pty_escape"
 run_one embed_test "$build/embed_test"
 # A sanitized sbx.so inside an unsanitized lua5.4 needs the runtimes first.
 preload=

@@ -18,6 +18,7 @@ import secrets
 import signal
 import socket
 import struct
+import random
 import subprocess
 import sys
 import threading
@@ -1072,6 +1073,38 @@ def main():
     ok(st["acksDropped"] == 1 and st["framesSent"] == 2 * (st["outputMessages"] + st["resends"])
        and c.seqs().count(0) >= 2 and c.seqs().count(2) >= 2,
        f"--dup-frames and --drop-acks 1 act on the session (frames {st['framesSent']}, seqs {c.seqs()})", st)
+    c.close()
+
+    # ---------------- --fffd-rewrite on: the agent's ReadRune bug (amazon-ssm-agent shell.go, processStdoutData)
+    mod = load_standin_module()
+
+    def go_walk(buf):
+        # the agent's loop, rune by rune: a RuneError (U+FFFD included) copies one byte, advances by its width
+        out, i = bytearray(), 0
+        while i < len(buf):
+            err, w = mod.go_rune(buf, i)
+            out += buf[i:i + 1] if err else buf[i:i + w]
+            i += w
+        return bytes(out)
+
+    rnd = random.Random(16)
+    samples = [b"\xef\xbf\xbd", b"a\xef\xbf\xbdb", b"\xe0\xef\xbf\xbd", b"\xf0\x9f\xef\xbf\xbd\xbd",
+               b"\xef\xef\xbf\xbd\xbf\xbd"]
+    samples += [bytes(rnd.choice(b"\xef\xbf\xbd\x80a\xe0\xf0") for _ in range(rnd.randint(1, 40))) for _ in range(3000)]
+    bad = [x.hex() for x in samples if mod.fffd_rewrite(x) != go_walk(x)]
+    ok(not bad and mod.fffd_rewrite(b"a\xef\xbf\xbdb") == b"a\xefb",
+       f"fffd_rewrite equals the agent's rune walk on {len(samples)} byte strings (EF BF BD -> EF)", bad[:5])
+
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    proc = None
+    start_standin("--fffd-rewrite", "on")
+    setup()
+    task_arn, _ = run_task()
+    s = exec_cmd("printf 'a\\357\\277\\275b\\357c'")
+    c = Client(s)
+    c.wait_end()
+    ok(c.text() == b"a\xefb\xefc", "--fffd-rewrite on: U+FFFD in the output arrives as a lone EF", c.text())
     c.close()
 
 

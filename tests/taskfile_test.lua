@@ -84,7 +84,7 @@ return {
       if getmetatable(box) ~= false then return "metatable" end
       return box:exec("echo inside").stdout
     end,
-    check = function(box) return box:exec("true").exit_code == 0 end },
+    check = function(box) return box:exec("true").exit_code == 0 end, outputs = { "/tmp/none" } },
 }]], H.busybox))
 out, code = H.sh(string.format("%s eval %s/view.lua --out %s/view.out", H.sbx_bin, dir, dir))
 tap.is(code, 0, "a Lua task's functions still drive their box", out)

@@ -41,6 +41,8 @@ see("tool_output", call("process_output", { name = "p1" }))
 see("tool_list", call("list_processes", {}))
 see("tool_kill", call("kill_process", { name = "p1" }))
 see("tool_bad", call("process_output", { name = "p9" }))
+see("binary", box:exec("printf 'a\\377\\376b\\000c\\n'"))
+see("tool_binary", call("bash", { command = "printf 'x\\377y'" }))
 return seen
 ]==]
 
@@ -72,6 +74,12 @@ local canon = assert(load(CANON, "=canon"))()
 tap.ok(sbx.trace.start(trace_path, { secrets = { "supersecret" } }), "trace started")
 local box = H.box { image = H.busybox }
 local seen = assert(load(SESSION, "=session"))(sbx, box)
+for _, e in ipairs(seen) do
+  if e[1] == "binary" then tap.is(e[2][1].stdout, "a\255\254b\0c\n", "live: the result holds the command's exact bytes") end
+  if e[1] == "tool_binary" then
+    tap.like(e[2][1], "^x\u{FFFD}y\n%[1 byte of this output is not UTF%-8", "live: the tool text repairs them and says how many")
+  end
+end
 box:close()
 tap.ok(sbx.trace.stop(), "trace stopped")
 tap.is(sbx.trace.active(), nil, "no trace after stop")
@@ -105,7 +113,7 @@ end
 tap.ok(in_order, "seq counts up line by line")
 tap.is(table.concat(ops, ","),
   "create,exec,exec,exec,exec,exec,spawn,output,processes,kill,wait,output,write_file,read_file,read_file," ..
-  "exec,exec,spawn,output,processes,kill,output,close", "one line per outermost call, in order")
+  "exec,exec,spawn,output,processes,kill,output,exec,exec,close", "one line per outermost call, in order")
 local r1 = recs[2]
 tap.is(r1.box, box.id, "records name the box")
 tap.is(r1.args.env.API_KEY, "[redacted]", "a secret env name is redacted")

@@ -44,6 +44,7 @@ function M.init(s)
 end
 
 local transports = require "sbx.transports"
+local session_shell = require "sbx.session_shell"
 local run_hook   -- below: a policy hook under its deadline
 
 -- "auto" (the default backend): docker when a daemon is named (the
@@ -114,6 +115,9 @@ function M.new(opts)
   end
   local handle, err, code = backend.create(spec, pol)
   if not handle then
+    -- A backend that cannot work here at all: sbx run says this one line
+    -- when the script raises it (assert), without a Lua traceback.
+    if code == "unsupported" then M.last_refusal = err end
     if tr then tr.created(t0, spec, nil, err, code) end
     return nil, err, code
   end
@@ -299,23 +303,12 @@ local function check_path(path, level)
   if path:find("\0", 1, true) then error("path must not contain a NUL byte", level + 1) end
 end
 
--- Turns one captured stream into { head, tail, omitted, bytes } of valid UTF-8.
+-- Turns one captured stream into { head, tail, omitted, bytes }: the bytes
+-- the command wrote, as they came (text for a model is made from them by
+-- sbx.model_text, in the policy's formatters).
 local function capture_part(stream, name)
   local head, tail, total, omitted = stream:captured(name)
-  local text = sbx.text
-  if #tail > 0 then
-    local cut, dropped_h, dropped_t
-    head, dropped_h = text.head_cut(head)
-    cut, dropped_t = text.tail_cut(tail)
-    tail = cut
-    omitted = omitted + dropped_h + dropped_t
-  end
-  return {
-    head = (text.sanitize(head)),
-    tail = (text.sanitize(tail)),
-    omitted = omitted,
-    bytes = total,
-  }
+  return { head = head, tail = tail, omitted = omitted, bytes = total }
 end
 
 local function part_text(part, marker, pol)
@@ -744,7 +737,6 @@ local function run_request(self, pol, treq, timeout, on_output, command, tm, ts)
     fields.exit_code = exit_code
     if exit_code >= 128 and exit_code < 160 then fields.signal = exit_code - 128 end
   end
-  if job.session_reset then fields.session_reset = true end
   fields.duration = core.now() - started
   return M.build_result(job, fields, pol)
 end
@@ -952,8 +944,10 @@ function Box:output(name, opts)
   -- Never hand out half a character: keep it for the next read.
   local whole, held = sbx.text.head_cut(bytes)
   if p.status ~= "running" and next_offset >= total then held = 0; whole = bytes end
+  local text, replaced = sbx.model_text(whole)
   return {
-    text = (sbx.text.sanitize(whole)),
+    text = text,
+    replaced = replaced,
     offset = offset,
     skipped = skipped,
     next_offset = next_offset - held,
@@ -1032,7 +1026,17 @@ function Box:read_file(path, opts)
   if self.tmod.read_file then
     return self.tmod.read_file(self.tstate, path, max, core.now() + timeout)
   end
-  local req = { argv = { "cat", "--", path }, env = {} }
+  return M.capture_stdout(self, { "cat", "--", path }, path, max, timeout)
+end
+
+-- box.capture_stdout(self, argv, what, max, timeout) -> bytes | nil,
+-- message, code: sbx's own command (no hooks, no budgets), its stdout kept
+-- whole up to max bytes ("too_large" past that, "timeout" at the
+-- timeout, and then its processes are killed); a non-zero exit is
+-- "not_found" with its stderr. what names the thing read in messages.
+function M.capture_stdout(self, argv, what, max, timeout)
+  local pol = self:policy()
+  local req = { argv = argv, env = {} }
   -- Chunks on, so each arrival wakes this task and the count is seen at
   -- once; the queued copies are dropped, the capture keeps the bytes.
   local treq = make_request(req, nil,
@@ -1063,10 +1067,10 @@ function Box:read_file(path, opts)
   end
   if ev == "too_large" then
     stop()
-    return nil, string.format("%s has more than the %d bytes allowed by policy (files.max_read)", path, max), "too_large"
+    return nil, string.format("%s has more than the %d bytes allowed by policy", what, max), "too_large"
   elseif ev == "timeout" then
     stop()
-    return nil, "timed out reading " .. path, "timeout"
+    return nil, "timed out reading " .. what, "timeout"
   end
   local info = stream:info()
   if info.error_code then return nil, stream_failure(self, info) end
@@ -1074,38 +1078,38 @@ function Box:read_file(path, opts)
   if not exit_code then return nil, ferr, fcode end
   if exit_code ~= 0 then
     local msg = stream:captured("stderr")
-    return nil, string.format("cannot read %s: %s", path, (msg:gsub("%s+$", ""))), "not_found"
+    return nil, string.format("cannot read %s: %s", what, (msg:gsub("%s+$", ""))), "not_found"
   end
   return (stream:captured("stdout"))
 end
 
--- Sessions: a persistent shell -------------------------------------------------------
+-- Sessions: shell state carried from command to command ----------------------------
 
 local Session = {}
 Session.__index = Session
 M.Session = Session
 
--- box:session([opts]) -> session | nil, message, code. A shell that keeps
--- its directory, variables and functions from one command to the next
--- (session:exec(command, opts), session:close()). A timeout kills only the
--- running command, and the next command sees the same shell; when the shell
--- itself was the work (a builtin loop) it is replaced and the result says
--- session_reset = true. Needs the agent transport ("unsupported" on exec).
--- opts: env, cwd, user for the shell; shell (an argv; the policy's shell).
+-- box:session([opts]) -> session | nil, message, code. Commands that keep
+-- the shell's directory, variables, functions, aliases, options and umask
+-- from one to the next (session:exec(command, opts), session:close()).
+-- Each command is a new shell process on the box's transport: its exit
+-- status is that process's (waitpid), its output ends with it, and nothing
+-- a command prints or defines changes what sbx reports about it or a later
+-- one (sbx.session_shell says what carries over and how). A timeout kills
+-- the command's whole tree at once (its next step never runs); the session
+-- goes on from the state before it, and the result says session_reset.
+-- opts: env, cwd (of the first command), user; shell (the launcher argv;
+-- the policy's exec.session_shell).
 function Box:session(opts)
   check_open(self)
   opts = opts or {}
-  if not self.tmod.open_session then
-    return nil, "sessions need the agent transport (this box uses " .. tostring(self.transport) .. ")", "unsupported"
+  if opts.shell ~= nil and (type(opts.shell) ~= "table" or #opts.shell == 0) then
+    error("session shell must be a non-empty argv list", 2)
   end
   local pol = self:policy()
-  local env = env_list(env_map(pol.exec.env, opts.env))
-  local marker = random_id()
-  env[#env + 1] = "SBX_JOB=" .. marker
-  local spec = { argv = opts.shell or pol.exec.session_shell, env = env, cwd = opts.cwd, user = opts.user }
-  local sess, err, code = self.tmod.open_session(self.tstate, spec)
-  if not sess then return nil, err, code end
-  return setmetatable({ box = self, sess = sess, lock = sbx.semaphore(1), marker = marker }, Session)
+  local id = random_id()
+  return setmetatable({ box = self, lock = sbx.semaphore(1), env = opts.env, cwd = opts.cwd, user = opts.user,
+    launcher = opts.shell or pol.exec.session_shell, state = string.format(pol.exec.session_state, id) }, Session)
 end
 
 -- session:exec(command, opts) -> result | nil, message, code. command is a
@@ -1118,33 +1122,38 @@ function Session:exec(command, opts)
   if type(command) ~= "string" then error("a session runs command strings", 2) end
   opts = opts or {}
   local pol = box:policy()
-  local req, err, code = admit(box, pol, describe(box, pol, command, { timeout = opts.timeout, source = "session" }, false))
+  local req, err, code = admit(box, pol, describe(box, pol, command, { timeout = opts.timeout, source = "session",
+    env = self.env, cwd = self.cwd, user = self.user }, false))
   if not req then return nil, err, code end
   if type(req.command) ~= "string" then error("hooks.before_exec: a session command must stay a string", 0) end
+  req.argv = session_shell.argv(self.launcher, req.command)
+  local env = {}
+  for k, v in pairs(req.env) do env[k] = v end
+  env.SBX_SESSION_STATE = self.state
+  req.env = env
+  local long = too_long(req, pol)
+  if long then return nil, long, "exec_failed" end
   self.lock:acquire()
   local treq = make_request(req, nil, nil, opts.on_output ~= nil, pol)
-  treq.marker = self.marker
-  treq.session_command = req.command
   local started = core.now()
-  local ok, r, rerr, rcode = pcall(run_request, box, pol, treq, req.timeout, opts.on_output, req.command,
-    box.tmod.session_transport, self.sess)
+  local ok, r, rerr, rcode = pcall(run_request, box, pol, treq, req.timeout, opts.on_output, req.command)
   self.lock:release()
   if not ok then error(r, 0) end
   if not r then
     account(box, core.now() - started, 0)
     return nil, rerr, rcode
   end
+  -- A timed-out command was killed before it could save its state.
+  if r.timed_out then r.session_reset = true end
   account(box, r.duration, (r.stdout_bytes or 0) + (r.stderr_bytes or 0))
   return after_exec(box, pol, req, r)
 end
 
+-- The state file stays in the box (it goes with the box).
 function Session:close()
-  if self.closed then return end
   self.closed = true
-  self.sess:close()
 end
 Session.__close = Session.close
-Session.__gc = Session.close
 
 -- Tools for a model bound to this box.
 function Box:tools()

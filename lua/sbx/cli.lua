@@ -39,14 +39,16 @@ commands:
                          taken from a pool made at start when policy.pool.size
                          is above 0
   eval TASKS [--concurrency N] [--backend B] [--image I] [--out FILE]
-       [--report FILE] [--pool N]
+       [--report FILE] [--pool N] [--check-box fresh|same]
                          run evaluation tasks (TASKS: a .jsonl file, one JSON
                          task per line, or a .lua file returning a list), each
                          in its own box; results as JSON Lines in --out (tasks
                          already passed/failed there are skipped), an HTML
                          report with --report; --pool N keeps N boxes made
                          ahead for tasks that set no box options of their own
-                         (default policy.pool.size; 0: none). Exit 0 when
+                         (default policy.pool.size; 0: none); --check-box:
+                         where checks of tasks that say nothing run
+                         (default policy.grade.check_box). Exit 0 when
                          every task ran, 1 on errors, 2 on usage errors,
                          128 + N after signal N (130 SIGINT, 143 SIGTERM)
 
@@ -153,6 +155,10 @@ function commands.run(args)
     pcall(sbx.drain)
     return 128 + last
   end
+  -- A refusal of the environment (the local backend without user
+  -- namespaces, say) raised by the script's assert: the line, not a trace.
+  local refusal = require("sbx.box").last_refusal
+  if refusal and tostring(e):find(refusal, 1, true) then err(refusal) return 1 end
   err(tostring(e))
   return 1
 end
@@ -334,6 +340,10 @@ function commands.eval(args)
       if not need() then return 2 end
       opts.pool = math.tointeger(tonumber(v))
       if not opts.pool or opts.pool < 0 then err("eval: --pool must be an integer >= 0") return 2 end
+    elseif a == "--check-box" then
+      if not need() then return 2 end
+      if v ~= "fresh" and v ~= "same" then err("eval: --check-box must be fresh or same") return 2 end
+      opts.check_box = v
     elseif a:sub(1, 2) == "--" then err("eval: unknown option ", a) return 2
     elseif file then err("eval: one task file only (got ", file, " and ", a, ")") return 2
     else file = a; i = i + 1 end

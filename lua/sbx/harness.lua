@@ -6,9 +6,11 @@
 --     tasks = {
 --       { id = "add", files = { ["/work/t.sh"] = "test $((1+1)) = 2" },
 --         setup = { "echo ready" }, run = "sh /work/t.sh", timeout = 30 },
---       { id = "grep", run = "echo hello > /tmp/o", check = "grep -q hello /tmp/o" },
+--       { id = "grep", run = "echo hello > /tmp/o", check = "grep -q hello /tmp/o",
+--         outputs = { "/tmp/o" } },        -- what a fresh check box gets (grade.lua)
 --       { id = "lua", run = function(box, task) return box:exec("true") end,
---         check = function(box, task) return box:read_file("/etc/hostname") ~= nil end },
+--         check = function(box, task) return box:read_file("/etc/hostname") ~= nil end,
+--         outputs = {} },
 --     },
 --     concurrency = 8, box = { image = "sbx-busybox:latest" },
 --     out = "results.jsonl",            -- appended as each task ends; resumable
@@ -97,6 +99,7 @@ local function validate(t, i, seen, json)
   for _, k in ipairs { "run", "check", "box", "files", "setup", "timeout" } do
     if t[k] == json.null then t[k] = nil end
   end
+  require("sbx.grade").validate(t, id, json)
   if t.run == nil and t.check == nil then error(string.format("task '%s' has neither run nor check", id), 0) end
   if not cmd_ok(t.run) or not cmd_ok(t.check) then
     error(string.format("task '%s': run and check must be a command string, an argv list or a function", id), 0)
@@ -235,7 +238,7 @@ local function summarize(sbx, r, pol)
   if r.parts and r.parts.output then
     p.output = pol.format_output(r.parts.output, pol)
   else
-    p.output = r.output
+    p.output = (sbx.model_text(r.output or ""))
   end
   return ordered(p, PHASE_KEYS)
 end
@@ -385,7 +388,7 @@ local function sorted_keys(t)
 end
 
 -- The body of one task, in its box. Fills res; raises on infrastructure errors.
-local function task_body(sbx, box, task, res)
+local function task_body(sbx, box, task, res, gctx)
   for _, path in ipairs(sorted_keys(task.files or {})) do
     local data = task.files[path]
     if type(data) ~= "string" then infra(string.format("files['%s'] must be a string", tostring(path)), "bad_task") end
@@ -416,13 +419,10 @@ local function task_body(sbx, box, task, res)
       return ok
     end
   end
-  local p, ok = run_command(sbx, box, task, task.check, "check")
-  res.phases.check = p
-  if not ok then
-    res.reason = p.timed_out and "check timed out"
-      or p.exit_code ~= nil and ("check exited " .. tostring(p.exit_code)) or "check returned false"
-  end
-  return ok
+  -- Where and how the check runs: grade.lua.
+  gctx.res, gctx.infra = res, infra
+  gctx.run_command = function(b, cmd, phase) return run_command(sbx, b, task, cmd, phase) end
+  return require("sbx.grade").check(gctx, box, task)
 end
 
 local function is_interrupt(e)
@@ -463,18 +463,28 @@ local function run_task(sbx, opts, task, t_run0, pooling)
     id = task.id,
     started_at = os.date("!%Y-%m-%dT%H:%M:%SZ"),
     start_offset = sbx.now() - t_run0,
-    phases = ordered({}, { "setup", "run", "check" }),
+    phases = ordered({}, { "setup", "run", "check_setup", "check" }),
   }, RESULT_KEYS)
   local t0 = sbx.now()
-  local box
+  local boxes = {}
   local ok, verdict = pcall(function()
     local b = task_box(sbx, opts, task, pooling)
-    box = b
-    return task_body(sbx, b, task, res)
+    boxes[1] = b
+    -- grade.lua closes the run's box before a check in a fresh one
+    -- (never from the pool: a check box counts as no task's).
+    local gctx = { opts = opts,
+      close_run_box = function() local _ = b.closed or b:close() end,
+      new_box = function()
+        local nb = task_box(sbx, opts, task, nil)
+        boxes[#boxes + 1] = nb
+        return nb
+      end }
+    return task_body(sbx, b, task, res, gctx)
   end)
-  if box then
+  for _, box in ipairs(boxes) do
     -- The verdict stands, but a box that would not go away is worth saying.
-    local cok, cres, cmsg = pcall(box.close, box)
+    local cok, cres, cmsg = true, true, nil
+    if not box.closed then cok, cres, cmsg = pcall(box.close, box) end
     if not cok or not cres then
       warn(string.format("task '%s': closing its box: %s", tostring(task.id), tostring(cok and cmsg or cres)))
     end
@@ -569,7 +579,13 @@ function M.run(opts)
   local progress = detect_progress(opts.progress)
   local err_out = opts.progress_stream or io.stderr
   local seen, tasks = {}, {}
-  for i, t in ipairs(opts.tasks) do tasks[i] = validate(t, i, seen, json) end
+  if opts.check_box ~= nil and opts.check_box ~= "fresh" and opts.check_box ~= "same" then
+    error("check_box must be \"fresh\" or \"same\"", 2)
+  end
+  for i, t in ipairs(opts.tasks) do
+    tasks[i] = validate(t, i, seen, json)
+    require("sbx.grade").require_outputs(t, opts, sbx.policy)
+  end
 
   -- Resume.
   local done_before, previous, pending = {}, {}, {}

@@ -15,6 +15,16 @@ local sbx = {
   event = core.event,
 }
 
+-- sbx.model_text(s) -> text, replaced: s as valid UTF-8 for a model or a
+-- JSON document, and how many of its bytes were not UTF-8 (each maximal
+-- invalid run became one U+FFFD). Results keep the bytes; only what is
+-- made for a model or JSON goes through here.
+function sbx.model_text(s)
+  local text, runs = core.text.sanitize(s)
+  if runs == 0 then return text, 0 end
+  return text, #s - (#text - 3 * runs)
+end
+
 -- Policy ------------------------------------------------------------------
 
 local defaults = require "sbx.policy"

@@ -139,7 +139,8 @@ function M.merge(limits, learned)
   if not limits then return learned end
   for name, e in pairs(learned) do
     local cur = limits[name] or {}
-    limits[name] = { requested = cur.requested, enforced = e.enforced or false, note = e.note or cur.note }
+    limits[name] = { requested = cur.requested, enforced = e.enforced or false, note = e.note or cur.note,
+      check = e.check or cur.check }
   end
   return limits
 end

@@ -101,12 +101,17 @@ policy.exec = {
   },
   chunk_limit = 1 * MiB,        -- output queued for on_output before reading pauses
   kill_grace = 3,               -- seconds to wait for a killed command's stream to end
-  -- The bash tool runs every command of a box in one persistent shell
-  -- (box:session(): cd, variables and functions carry over); lm-deluge's
-  -- word. Needs the agent transport; elsewhere commands run on their own.
+  -- The bash tool runs the commands of a box as one session (box:session():
+  -- cd, variables, functions, aliases, options carry over); lm-deluge's word.
   stateful = false,
-  -- The shell of a session: bash when the box has it, else sh.
-  session_shell = { "sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile; fi; exec sh" },
+  -- How a session command starts: bash when the box has it, else sh. sbx
+  -- appends two scripts (sbx.session_shell: bash's, then sh's) and the
+  -- command; the launcher runs "$1" with bash or "$2" with sh, the command
+  -- as the script's "$1".
+  session_shell = { "sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile -c "$1" sbx-session "$3"; fi; exec sh -c "$2" sbx-session "$3"', "sbx-session" },
+  -- Where a session keeps its shell's state between commands, in the box
+  -- (a file per session; %s: the session's id).
+  session_state = "/tmp/.sbx-session-%s",
   -- The longest argument or NAME=value the box's kernel execs (Linux:
   -- MAX_ARG_STRLEN, 32 pages with the final NUL). A longer one is refused
   -- before it starts ("exec_failed"), as the kernel would refuse it.
@@ -335,6 +340,27 @@ policy.scheduler = {
   slice = 1,
 }
 
+-- Grading (sbx.harness, lua/sbx/grade.lua; docs/grading.md): where a
+-- task's check runs, and what it may carry over from its run.
+policy.grade = {
+  -- Where a check runs when the task says nothing (task check_box, or
+  -- `sbx eval --check-box`): "fresh", a new box from the task's image
+  -- with only the task's outputs unpacked into it; "same", the run's box
+  -- once every process in it is killed, under sbx's own busybox (local
+  -- backend only).
+  check_box = "fresh",
+  -- Bytes of the outputs' tar archive read from the run box (its declared
+  -- sizes count too); more makes the task fail.
+  max_output_bytes = 64 * 1024 * 1024,
+  -- Entries (files, directories, links) in a task's outputs.
+  max_output_entries = 100000,
+  -- Bytes of one path or link target in a task's outputs.
+  max_output_path = 4096,
+  -- Seconds for packing the outputs in the run box and unpacking them in
+  -- the check box, each (the task's timeout when it is shorter).
+  transfer_timeout = 120,
+}
+
 -- Warm pools (sbx.pool): boxes of one spec made ahead, so a taker gets one
 -- at once. sbx.pool{} may override every knob here but size for its pool.
 policy.pool = {
@@ -499,28 +525,48 @@ function policy.omitted_marker(part, pol)
   return string.format("\n...[%d bytes omitted]...\n", part.omitted)
 end
 
+-- The line that says how many bytes of a command's output were not UTF-8
+-- text and were replaced (by U+FFFD) in what the model reads; the result
+-- itself keeps them.
+function policy.format_replaced(n, pol)
+  return string.format("[%d %s of this output %s not UTF-8 text; each run of them is shown as \u{FFFD}]",
+    n, n == 1 and "byte" or "bytes", n == 1 and "is" or "are")
+end
+
 -- Head and tail with a line that says how much is missing, in bytes, so the
 -- model knows the size of what it did not see (and can read it from a file).
--- part: { head, tail, omitted, bytes } as in result.parts.
+-- part: { head, tail, omitted, bytes } as in result.parts (the command's
+-- bytes); invalid UTF-8 is replaced here, and a last line says how much.
 function policy.format_output(part, pol)
-  local limits = live(pol).output
-  local head, tail, omitted = part.head, part.tail, part.omitted
+  pol = live(pol)
+  local limits = pol.output
+  local model_text = require("sbx").model_text
+  local head, rh = model_text(part.head)
+  local tail, rt = model_text(part.tail)
+  local omitted = part.omitted
+  local text
   if omitted == 0 then
     -- Everything was captured; cut only for the model's view.
     local all = head .. tail
-    if char_len(all) <= limits.head_chars + limits.tail_chars then return all end
-    head = first_chars(all, limits.head_chars)
-    tail = last_chars(all, limits.tail_chars)
-    omitted = #all - #head - #tail
+    if char_len(all) <= limits.head_chars + limits.tail_chars then
+      text = all
+    else
+      head = first_chars(all, limits.head_chars)
+      tail = last_chars(all, limits.tail_chars)
+      omitted = #all - #head - #tail
+    end
   else
-    head = first_chars(head, limits.head_chars)
-    local cut_head = #part.head - #head
+    local h = first_chars(head, limits.head_chars)
+    local cut_head = #head - #h
     local t = last_chars(tail, limits.tail_chars)
     omitted = omitted + cut_head + (#tail - #t)
-    tail = t
+    head, tail = h, t
   end
-  return string.format("%s\n...[%d bytes omitted; %d bytes in all]...\n%s",
-    head, omitted, part.bytes, tail)
+  text = text or string.format("%s\n...[%d bytes omitted; %d bytes in all]...\n%s", head, omitted, part.bytes, tail)
+  if rh + rt > 0 then
+    text = text .. (text:sub(-1) == "\n" and "" or "\n") .. pol.format_replaced(rh + rt, pol)
+  end
+  return text
 end
 
 -- The text for one command result.
@@ -536,6 +582,9 @@ function policy.format_result(r, pol)
     lines[#lines + 1] = string.format("[Exit code: %s]", tostring(r.exit_code))
   end
   if r.oom_killed then lines[#lines + 1] = pol.format_oom(r, pol) end
+  if r.session_reset then
+    lines[#lines + 1] = "[The session's state (directory, variables, functions) is as it was before this command]"
+  end
   if r.box_restarted then
     lines[#lines + 1] = "[The box was restarted to stop runaway processes; files are kept, processes are gone]"
   end
@@ -546,6 +595,21 @@ function policy.format_result(r, pol)
     lines[#lines + 1] = out
   end
   return table.concat(lines, "\n")
+end
+
+-- The message of a command that could not start ("exec_failed"), where the
+-- transport reports the failed step itself (sbx-agent, the exec start
+-- check): info = { stage = "cwd" | "user" | "exec" | "stdio", reason,
+-- program, cwd, user }.
+function policy.format_exec_failed(info, pol)
+  if info.stage == "cwd" then
+    return string.format("the command could not start: cannot change to the directory %s: %s", tostring(info.cwd), info.reason)
+  elseif info.stage == "user" then
+    return string.format("the command could not start: cannot run as user %s: %s", tostring(info.user), info.reason)
+  elseif info.stage == "stdio" then
+    return "the command could not start: cannot set up its input and output: " .. tostring(info.reason)
+  end
+  return string.format("the command could not start: cannot run %s: %s", tostring(info.program), info.reason)
 end
 
 -- The line for a command the OOM killer ended (r.oom_killed; r.memory_limit
@@ -600,6 +664,7 @@ function policy.format_process_output(o, pol)
     lines[#lines + 1] = string.format("[%d bytes before offset %d are no longer kept]", o.skipped, o.offset + o.skipped)
   end
   lines[#lines + 1] = o.text ~= "" and o.text or "(no new output)"
+  if (o.replaced or 0) > 0 then lines[#lines + 1] = pol.format_replaced(o.replaced, pol) end
   lines[#lines + 1] = string.format("[%s; next offset %d of %d bytes]", pol.status_text(o.process, pol), o.next_offset, o.total)
   return table.concat(lines, "\n")
 end
@@ -781,6 +846,12 @@ policy["local"] = {
   -- the box's own writable layer over each of these (a daemon's socket
   -- under /run stays out of reach).
   host_masks = { "/run", "/tmp", "/var/tmp", "/var/run" },
+  -- A static busybox on the host, bound read-only into every box at
+  -- /dev/busybox-sbx: the shell and tools of a check that runs in the
+  -- run's own box (policy.grade.check_box = "same"), which the task can
+  -- neither replace (no mount in a box) nor preload into (static).
+  -- nil, or a path that is not there: no such checks on this host.
+  busybox = "/bin/busybox",
   -- PATH for commands that set none (Docker's default).
   path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
   -- Seconds close() waits for a box's processes to be gone and its cgroups
@@ -789,6 +860,28 @@ policy["local"] = {
   -- Record-less box directories (a create cut short) older than this many
   -- seconds are leftovers for the reaper.
   stale_after = 60,
+  -- The box's /proc. "mount": a proc of its own (the box's PID namespace),
+  -- else the box is refused. Inside a container whose /proc is masked
+  -- (Docker's default: /proc/kcore, /proc/sys and others are covered),
+  -- the kernel refuses a new proc mount to a user namespace. "auto": a
+  -- proc of its own where the kernel allows one, else "copy". "copy": a
+  -- read-only /proc of copies of proc_files, taken at the box's start; the
+  -- box keeps its PID namespace and the agent sees the container's /proc
+  -- (docs/local-in-containers.md says what a box gives up).
+  proc = "auto",
+  proc_files = { "cpuinfo", "meminfo", "stat", "uptime", "loadavg", "version", "filesystems",
+    "cmdline", "devices", "diskstats", "partitions", "swaps", "zoneinfo", "vmstat" },
+  -- One line each where the local backend cannot isolate at all.
+  messages = {
+    proc_masked = "the local backend cannot mount a /proc for its box here (a container whose /proc is " ..
+      "masked): start the container with --security-opt systempaths=unconfined, or set " ..
+      "policy[\"local\"].proc = \"copy\" (a /proc of copies; docs/local-in-containers.md)",
+    userns_blocked = "the local backend needs user namespaces, which this system refuses (%s): in a " ..
+      "container, start it with --security-opt seccomp=unconfined --security-opt apparmor=unconfined " ..
+      "(Docker's default seccomp profile blocks them); on a host, allow unprivileged user namespaces " ..
+      "(sysctl kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0); " ..
+      "or use backend = \"docker\"",
+  },
   -- sbx-launch processes started ahead of the next box (each in the
   -- cgroups of its future box, waiting): under cgroup v1 joining a cgroup
   -- after a quiet spell waits for an RCU grace period (milliseconds), which
@@ -814,9 +907,20 @@ policy.kubernetes = {
   name_prefix = "sbx-",                 -- pod (and NetworkPolicy) names: <prefix><12 hex digits>
   start_timeout = 300,                  -- seconds from create to a running container (image pull included)
   -- An Unschedulable pod fails the box at once with the scheduler's
-  -- message; false waits (a cluster autoscaler may add a node) until
-  -- start_timeout.
+  -- message (a node selector, taint or affinity no node meets); false
+  -- waits (a cluster autoscaler may add a node) until start_timeout.
   fail_unschedulable = true,
+  -- Scheduler messages that mean "full for now", not "never": a pod whose
+  -- message holds one of these waits until start_timeout (the box says
+  -- what it waits for) and then fails with the scheduler's message. Plain
+  -- substrings of the message ("0/3 nodes are available: 1 Insufficient
+  -- cpu, 2 node(s) didn't match Pod's node affinity/selector.").
+  wait_unschedulable = { "Insufficient cpu", "Insufficient memory", "Insufficient ephemeral-storage",
+    "Too many pods" },
+  -- on_wait(box_name, message): called when a pod starts waiting for a
+  -- reason (and when the reason changes); nil: nothing is said until the
+  -- box runs or start_timeout passes.
+  on_wait = nil,
   watch_timeout = 300,                  -- seconds a readiness watch asks the server to keep open (then it is renewed)
   request_timeout = 30,                 -- seconds per API call
   connect_timeout = 10,
@@ -830,15 +934,39 @@ policy.kubernetes = {
   exec_protocols = { "v5.channel.k8s.io", "v4.channel.k8s.io" },
   exec_connect_timeout = 30,            -- seconds to open one exec stream
   exec_max_message = 16 * MiB,          -- the largest websocket message taken from the server
+  -- The largest websocket message sbx sends on an exec stream, as one frame
+  -- (core.ws never fragments): the exec server reads each frame as a
+  -- message and its first byte as the channel (docs/kubernetes.md). Stdin,
+  -- the agent's loader and agent frames are split to fit.
+  exec_max_send = 64 * KiB,
   -- The longest exec URL sbx sends (libwebsockets cuts a request line near
   -- 2 kB); commands travel on stdin, so the URL is a short boot line.
   exec_max_url = 2000,
-  stdin_chunk = 64 * KiB,               -- stdin bytes per websocket message
+  stdin_chunk = 64 * KiB - 1,           -- stdin bytes per websocket message (exec_max_send less the channel byte)
   kill_timeout = 10,                    -- seconds the in-box kill may take
   -- The pod: resources are the box's memory, cpus and disk as limits;
-  -- requests = nil makes requests equal the limits (Guaranteed QoS), or
-  -- give them, e.g. { cpu = "250m", memory = "256Mi" }.
+  -- requests = nil asks for request_fraction of each limit (Burstable QoS:
+  -- a node holds 1/fraction times as many boxes as its allocatable
+  -- says); request_fraction = 1 makes requests equal the limits
+  -- (Guaranteed QoS); or give them, e.g. { cpu = "250m", memory = "256Mi" }.
   requests = nil,
+  request_fraction = 0.25,
+  -- network = "none": after the pod runs, sbx tries from inside the box to
+  -- connect to the API server's address (and the node's kubelet port);
+  -- box.limits.network says "verified" or "not enforced by this cluster".
+  -- "refuse" fails (and deletes) a box whose check connects; "note" keeps
+  -- it and says so; false does not check.
+  network_check = "note",
+  network_check_timeout = 3,            -- seconds each connection attempt may take
+  -- Whether a box's pod is gone (deleted, evicted, past its lifetime) is
+  -- looked at (a GET of the pod) when an exec stream ends without an exit
+  -- status, with a SIGKILL nobody sent, or an exec is refused.
+  gone_check_timeout = 10,              -- seconds for that look
+  -- While the pod still looks alive then: seconds to keep looking, every
+  -- gone_poll, before the end counts as the command's own (the kubelet
+  -- kills the containers and posts the status about together).
+  gone_grace = 2,
+  gone_poll = 0.25,
   runtime_class = nil,                  -- runtimeClassName (e.g. "gvisor", "kata")
   node_selector = nil,                  -- { ["kubernetes.io/arch"] = "amd64" }
   tolerations = nil,                    -- a list of toleration objects

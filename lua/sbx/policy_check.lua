@@ -167,6 +167,16 @@ local RULES = {
   ["harness.load_timeout"] = POS,
   ["hooks.timeout"] = POS,
   ["scheduler.slice"] = rule({ "number", "false" }, { gt = 0 }),
+  ["grade.check_box"] = rule({ "string" }, { check = function(v)
+    if v ~= "fresh" and v ~= "same" then return 'must be "fresh" or "same"' end
+  end }),
+  ["grade.max_output_bytes"] = int { gt = 0 },
+  ["grade.max_output_entries"] = int { gt = 0 },
+  ["grade.max_output_path"] = int { gt = 0, check = function(v)
+    if v > 65536 then return "must be at most 65536" end
+  end },
+  ["grade.transfer_timeout"] = POS,
+  ["local.busybox"] = maybe(str()),
   ["fargate.region"] = maybe(str()),
   ["fargate.profile"] = maybe(str()),
   ["fargate.credentials"] = maybe(rule({ "table" }, { fields = {
@@ -195,6 +205,15 @@ local RULES = {
   ["kubernetes.exec_protocols"] = list(str { enum = { "v5.channel.k8s.io", "v4.channel.k8s.io" } }),
   ["kubernetes.exec_connect_timeout"] = POS,
   ["kubernetes.exec_max_message"] = int { gt = 0 },
+  ["kubernetes.exec_max_send"] = int { gt = 1 },
+  ["kubernetes.wait_unschedulable"] = list(str { nonempty = true }),
+  ["kubernetes.on_wait"] = maybe(rule({ "function" })),
+  ["kubernetes.request_fraction"] = num { gt = 0, le = 1 },
+  ["kubernetes.network_check"] = rule({ "string", "false" }, { enum_if_string = { "note", "refuse" } }),
+  ["kubernetes.network_check_timeout"] = POS,
+  ["kubernetes.gone_check_timeout"] = POS,
+  ["kubernetes.gone_grace"] = num { ge = 0 },
+  ["kubernetes.gone_poll"] = POS,
   ["kubernetes.exec_max_url"] = int { gt = 500 },
   ["kubernetes.stdin_chunk"] = int { gt = 0 },
   ["kubernetes.kill_timeout"] = POS,
@@ -224,6 +243,12 @@ local RULES = {
   ["local.destroy_wait"] = POS,
   ["local.stale_after"] = POS,
   ["local.spares"] = int { ge = 0 },
+  ["local.proc"] = str { enum = { "auto", "mount", "copy" } },
+  ["local.proc_files"] = list(str { check = function(v)
+    if not v:match("^[%w_.-]+$") or v == "." or v == ".." then return "must be a file name in /proc" end
+  end }),
+  ["local.messages.proc_masked"] = str(),
+  ["local.messages.userns_blocked"] = str(),
 }
 M.RULES = RULES
 

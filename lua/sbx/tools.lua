@@ -148,12 +148,10 @@ function handlers.bash(box, a, ctx, pol)
     return pol.format_started({ name = name, command = p.command }, pol)
   end
   local r, err
-  -- policy.exec.stateful: one shell per box keeps cd and variables between
-  -- calls (where the box's transport has sessions).
+  -- policy.exec.stateful: one session per box keeps cd, variables and
+  -- functions between calls (sbx.session_shell).
   if pol.exec.stateful and box.session then
     if not box.tool_session or box.tool_session.closed then box.tool_session = box:session() end
-  end
-  if pol.exec.stateful and box.tool_session then
     r, err = box.tool_session:exec(a.command, { timeout = opt(a.timeout), on_output = ctx and ctx.on_output })
   else
     r, err = box:exec(a.command, { timeout = opt(a.timeout), on_output = ctx and ctx.on_output, source = "tool" })

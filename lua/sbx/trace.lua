@@ -165,11 +165,13 @@ end
 
 -- What each op records -----------------------------------------------------------
 
-local function parts_of(r)
+-- A result's parts as the command's exact bytes (redacted; base64 where
+-- they are not UTF-8), so a replay gives back the same result.
+local function parts_of(r, st)
   local p = {}
   for _, n in ipairs({ "stdout", "stderr", "output" }) do
     local x = r.parts[n]
-    p[n] = { head = x.head, tail = x.tail, omitted = x.omitted, bytes = x.bytes }
+    p[n] = { head = bytes_out(st, x.head), tail = bytes_out(st, x.tail), omitted = x.omitted, bytes = x.bytes }
   end
   return p
 end
@@ -215,7 +217,7 @@ function describe.processes() return {} end
 
 local outcome = {}
 
-function outcome.exec(r)
+function outcome.exec(r, _, st)
   return {
     exit_code = r.exit_code, signal = r.signal, timed_out = r.timed_out, timeout = r.timeout,
     truncated = r.truncated, duration = r.duration, stdout_bytes = r.stdout_bytes,
@@ -223,7 +225,7 @@ function outcome.exec(r)
     kill_confirmed = r.kill_confirmed, kill_method = r.kill_method, error_code = r.error_code,
     ended_processes = r.ended_processes and json.array(copy(r.ended_processes)) or nil,
     oom_killed = r.oom_killed, memory_limit = r.memory_limit,
-    parts = parts_of(r),
+    parts = parts_of(r, st),
   }
 end
 -- A copy: the record is redacted in place and the box keeps its command.

@@ -6,6 +6,8 @@ local core = require "sbx.core"
 local json, http = core.json, require "sbx.http"
 
 local M = {}
+-- Exec create takes its argv, env, cwd and user in JSON: UTF-8 text only.
+M.text_argv = "Docker's exec API is JSON"
 local CLIENT_API = "1.47"   -- the newest API this code is written against
 
 -- Box options only this backend takes (sbx.policy_check rules).

@@ -10,7 +10,9 @@
 --      public per-command id,
 --   2. reads one line from the PTY: a secret of 128 random bits that sbx
 --      sends only after the ready marker, so echo is already off,
---   3. runs the command in a subshell without the secret, with stdin from
+--   3. runs the command in a subshell without the secret, after the start
+--      check (transports/start_check.lua: a missing cwd or program is
+--      exec_failed, its marker cut from the output), with stdin from
 --      /dev/null, or from exactly N bytes of the PTY when the caller gives
 --      stdin (sent after a stdin marker that says the secret line is read),
 --   4. prints an exit marker with the secret and $? through the shell's
@@ -47,11 +49,14 @@
 -- or put a stty or head early in PATH, and so own the later wrappers; on
 -- AWS the SSM agent itself runs in the task, where root can ptrace it.
 local M = {}
+-- ExecuteCommand takes the command line in JSON: UTF-8 text only.
+M.text_argv = "ECS ExecuteCommand takes the command as JSON text"
 
 local sbx = require "sbx"
 local core, json = sbx.core, sbx.json
 local owner = require "sbx.owner"
 local session_mod = require "sbx.aws.ssm_session"
+local start_check = require "sbx.transports.start_check"
 
 local function pol_f() return sbx.policy.fargate end
 
@@ -579,7 +584,7 @@ end
 
 -- The wrapper's sh -c string; id is the public per-command id of the ready
 -- marker. The secret is not in it (see the top of this file).
-local function wrapper(req, id)
+local function wrapper(req, id, check_id)
   local parts = {
     -- No allexport (bash takes it from SHELLOPTS), and no sbx_secret
     -- imported from the environment: read must make a plain shell variable.
@@ -594,12 +599,20 @@ local function wrapper(req, id)
     parts[#parts + 1] = "printf '__SBX_%s_S__' " .. id
   end
   local inner = { "unset sbx_secret" }
+  local setup = {}
+  if not req.cwd and req.workdir then
+    -- The box's directory, as Docker boxes start there; never fatal.
+    setup[#setup + 1] = "{ cd " .. shq(req.workdir) .. " 2>/dev/null || true; }"
+  end
   local exports = {}
   for _, kv in ipairs(req.env or {}) do
     local k, v = kv:match("^([%a_][%w_]*)=(.*)$")
     if k then exports[#exports + 1] = k .. "=" .. shq(v) end
   end
-  if #exports > 0 then inner[#inner + 1] = "export " .. table.concat(exports, " ") end
+  if #exports > 0 then setup[#setup + 1] = "export " .. table.concat(exports, " ") end
+  -- The start check (transports/start_check.lua): a missing cwd or program
+  -- is exec_failed, not an exit status the command could have chosen.
+  for _, l in ipairs(start_check.lines(req, check_id or id, setup)) do inner[#inner + 1] = l end
   local argv = {}
   for i, a in ipairs(req.argv) do argv[i] = shq(a) end
   local cmd = table.concat(argv, " ")
@@ -607,12 +620,6 @@ local function wrapper(req, id)
     cmd = "head -c " .. #req.stdin .. " | " .. cmd
   else
     cmd = cmd .. " </dev/null"
-  end
-  if req.cwd then
-    cmd = "cd " .. shq(req.cwd) .. " && " .. cmd
-  elseif req.workdir then
-    -- The box's directory, as Docker boxes start there; never fatal.
-    cmd = "{ cd " .. shq(req.workdir) .. " 2>/dev/null || true; } && " .. cmd
   end
   inner[#inner + 1] = cmd
   -- A subshell without the secret: an argv that names a builtin (set, eval)
@@ -777,14 +784,22 @@ function M.start(h, req)
     r2.workdir = h.f.workdir
     req = r2
   end
-  local out, err, code = execute(h, wrapper(req, id))
+  local check_id = require("sbx.box").random_id()
+  local out, err, code = execute(h, wrapper(req, id, check_id))
   if not out then return nil, err, code end
   local pol = h.f.ssm
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
   local job = { stream = sink, marker = req.marker, session_id = out.session and out.session.sessionId }
   local s
   local secret_sent = core.event()
-  local filter = marker_filter(id, secret, function(bytes) sink:push("stdout", bytes) end, function()
+  local check = start_check.filter(check_id, function(bytes) sink:push("stdout", bytes) end)
+  -- Output before the ready marker (a login banner) is not the command's
+  -- stdout start, where the start check's marker is looked for.
+  local ready = false
+  local filter = marker_filter(id, secret, function(bytes)
+    if ready then check.feed(bytes) else sink:push("stdout", bytes) end
+  end, function()
+    ready = true
     -- Echo is off now (where stty exists).
     core.spawn(function()
       s:send(secret .. "\n")
@@ -811,8 +826,12 @@ function M.start(h, req)
     local r = s:wait()
     h.sessions[s] = nil
     filter.flush()
+    check.flush()
     job.exit_code = filter.exit_code
-    if r.reason == "closed" then
+    if check.failed then
+      job.exit_code = nil
+      sink:finish("exec_failed", start_check.message(check.failed, req, sbx.policy))
+    elseif r.reason == "closed" then
       if r.exit_code and not job.exit_code then job.exit_code = r.exit_code end
       sink:finish()
     elseif r.reason == "cancelled" then
@@ -862,7 +881,10 @@ local function text_upload(bin)
 end
 
 local function run_agent(h, opts, args)
-  local argstr = #args > 0 and (" " .. table.concat(args, " ")) or ""
+  -- The relay escapes what the agent sends: the SSM agent turns every
+  -- EF BF BD of the output into a lone EF (docs/aws-protocol.md 1.9).
+  local argstr = " " .. core.agent.escape_arg .. (#args > 0 and (" " .. table.concat(args, " ")) or "")
+  local unescape = core.agent.pty_decoder()
   local script = 'if stty raw -echo 2>/dev/null; then t=; else t=text_; fi; ' ..
     'printf "' .. AGENT_READY .. '%s%s__\\n" "$t" "$(uname -m)"; IFS= read -r n || exit 125; umask 077; ' ..
     'd=$(mktemp -d 2>/dev/null) || exit 125; ' ..
@@ -881,7 +903,12 @@ local function run_agent(h, opts, args)
   local s, serr, scode = session_mod.open {
     url = out.session.streamUrl, token = out.session.tokenValue, pol = h.f.ssm,
     on_output = function(bytes)
-      if placed then sink:push("stdout", bytes) return end
+      if placed then
+        local clear, why = unescape:decode(bytes)
+        if clear then sink:push("stdout", clear)
+        elseif not sink:info().eof then sink:finish("bad_frame", why) end
+        return
+      end
       if #seen < 512 then seen = seen .. bytes:sub(1, 512 - #seen) end
       -- Only the tail matters while looking for a marker (the echo of a
       -- text upload is hundreds of kilobytes).
@@ -902,7 +929,11 @@ local function run_agent(h, opts, args)
         -- the PTY raw): what follows is the agent's.
         placed = true
         local rest = said:sub(stop + 1)
-        if #rest > 0 then sink:push("stdout", rest) end
+        if #rest > 0 then
+          local clear, why = unescape:decode(rest)
+          if clear then sink:push("stdout", clear)
+          else sink:finish("bad_frame", why) end
+        end
         go:set()
         return
       end

@@ -26,6 +26,7 @@ local http = require "sbx.http"
 local owner = require "sbx.owner"
 local config = require "sbx.kubernetes.config"
 local client_mod = require "sbx.kubernetes.client"
+local start_check = require "sbx.transports.start_check"
 
 local function pol_k() return sbx.policy.kubernetes end
 
@@ -154,7 +155,11 @@ local function pod_body(k, name)
   if k.requests then
     for key, v in pairs(k.requests) do requests[key] = tostring(v) end
   else
-    for key, v in pairs(limits) do requests[key] = v end
+    -- A fraction of each limit (policy.kubernetes.request_fraction).
+    local f = k.request_fraction or 1
+    if k.memory then requests.memory = quantity_bytes(k.memory * f) end
+    if k.cpus then requests.cpu = quantity_cpu(k.cpus * f) end
+    if k.disk then requests["ephemeral-storage"] = quantity_bytes(k.disk * f) end
   end
   local env = {}
   for key, v in pairs(k.env or {}) do env[#env + 1] = { name = tostring(key), value = tostring(v) } end
@@ -230,7 +235,16 @@ local PULL_REASONS = { ErrImagePull = true, ImagePullBackOff = true, InvalidImag
 local FATAL_REASONS = { CreateContainerConfigError = true, CreateContainerError = true, RunContainerError = true,
   CrashLoopBackOff = true }
 
--- What a pod's state means for a waiting box: "ready" | nil (wait) | false, message, code.
+-- Whether a scheduler message says "full for now" (policy.kubernetes.wait_unschedulable).
+local function transient_unschedulable(msg, k)
+  for _, pat in ipairs(k.wait_unschedulable or {}) do
+    if tostring(msg):find(pat, 1, true) then return true end
+  end
+  return false
+end
+
+-- What a pod's state means for a waiting box: "ready" | nil, what it waits
+-- for (or nil) | false, message, code.
 function M.pod_state(pod, k)
   local st = type(pod) == "table" and pod.status or {}
   st = type(st) == "table" and st or {}
@@ -254,9 +268,13 @@ function M.pod_state(pod, k)
       return false, string.format("the pod's container ended: %s (exit %s)", tostring(t.reason), tostring(t.exitCode)), "pod_failed"
     end
   end
+  local waiting_for
   for _, c in ipairs(type(st.conditions) == "table" and st.conditions or {}) do
-    if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" and k.fail_unschedulable then
-      return false, "the pod cannot be scheduled: Unschedulable: " .. tostring(c.message), "unschedulable"
+    if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" then
+      if k.fail_unschedulable and not transient_unschedulable(c.message, k) then
+        return false, "the pod cannot be scheduled: Unschedulable: " .. tostring(c.message), "unschedulable"
+      end
+      waiting_for = "a node with room (the scheduler: " .. tostring(c.message) .. ")"
     end
   end
   if st.phase == "Running" then
@@ -264,7 +282,7 @@ function M.pod_state(pod, k)
       if type(cs.state) == "table" and cs.state.running then return "ready" end
     end
   end
-  return nil
+  return nil, waiting_for
 end
 
 -- Waiting for pods: one watch per client (cluster and namespace) for every
@@ -285,6 +303,36 @@ local function settle(wt, w, ok, msg, code)
   w.done:set()
 end
 
+-- Why a running box's pod is gone (deleted, being deleted, ended: the
+-- lifetime, an eviction), or nil while it runs.
+function M.gone_reason(pod)
+  if type(pod) ~= "table" then return nil end
+  local meta = type(pod.metadata) == "table" and pod.metadata or {}
+  local st = type(pod.status) == "table" and pod.status or {}
+  if meta.deletionTimestamp then return "the box's pod is being deleted (since " .. tostring(meta.deletionTimestamp) .. ")" end
+  if st.phase == "Failed" or st.phase == "Succeeded" then
+    local why = st.reason == "DeadlineExceeded" and "it reached its lifetime (activeDeadlineSeconds)"
+      or st.reason == "Evicted" and "it was evicted" or tostring(st.reason or st.phase)
+    return string.format("the box's pod ended: %s%s", why, st.message and (": " .. st.message) or "")
+  end
+  for _, cs in ipairs(type(st.containerStatuses) == "table" and st.containerStatuses or {}) do
+    local t = type(cs.state) == "table" and cs.state.terminated
+    if type(t) == "table" then
+      return string.format("the box's container ended: %s (exit %s)", tostring(t.reason), tostring(t.exitCode))
+    end
+  end
+  return nil
+end
+
+-- A box whose pod is gone: every command after this is box_gone, and its
+-- open exec streams (running commands, the agent's channel) are cut.
+local function mark_gone(h, why)
+  if h.gone or h.destroyed then return end
+  h.gone = why
+  for ex in pairs(h.streams) do pcall(ex.close, ex) end
+end
+M.mark_gone = mark_gone
+
 local function watch_loop(c, wt)
   local rv
   local selector = "sbx.owner.pid=" .. owner.identity().pid
@@ -301,7 +349,12 @@ local function watch_loop(c, wt)
       elseif w and etype ~= "BOOKMARK" then
         w.last = obj
         local s, m, cd = M.pod_state(obj, w.k)
-        if s ~= nil then settle(wt, w, s == "ready", m, cd) end
+        if s ~= nil then
+          settle(wt, w, s == "ready", m, cd)
+        elseif m ~= w.waiting_for then
+          w.waiting_for = m
+          if m and w.k.on_wait then pcall(w.k.on_wait, meta.name, m) end
+        end
       end
       if not next(wt.waiting) then return false end
     end)
@@ -312,34 +365,82 @@ local function watch_loop(c, wt)
   end
 end
 
-local function join_watch(c, name, k)
+local function watcher_of(c)
   local wt = watchers[c]
   if not wt then
     wt = { waiting = {} }
     watchers[c] = wt
   end
+  return wt
+end
+
+local function ensure_task(c, wt)
+  if wt.task then return end
+  wt.task = core.spawn(function()
+    pcall(watch_loop, c, wt)
+    wt.task = nil
+    -- Boxes that joined while the loop was ending get a new loop.
+    if next(wt.waiting) then ensure_task(c, wt) end
+  end)
+end
+
+local function join_watch(c, name, k)
+  local wt = watcher_of(c)
   local w = { name = name, k = k, done = core.event() }
   wt.waiting[name] = w
-  if not wt.task then
-    wt.task = core.spawn(function()
-      pcall(watch_loop, c, wt)
-      wt.task = nil
-      -- Waiters that joined while the loop was ending get a new loop.
-      if next(wt.waiting) and not wt.task then join_watch(c, next(wt.waiting), k) end
-    end)
-  end
+  ensure_task(c, wt)
   return w
+end
+
+local function stop_if_idle(wt)
+  if not next(wt.waiting) and wt.task then
+    local t = wt.task
+    wt.task = nil
+    t:cancel()
+  end
 end
 
 local function leave_watch(c, w)
   local wt = watchers[c]
   if not wt then return end
   wt.waiting[w.name] = nil
-  if not next(wt.waiting) and wt.task then
-    local t = wt.task
-    wt.task = nil
-    t:cancel()
+  stop_if_idle(wt)
+end
+
+-- Looks at a box's pod after an exec stream failed or ended oddly: the
+-- reason it is gone (h.gone is set), or nil (it runs, or it could not be
+-- seen).
+local function check_gone(h)
+  if h.gone then return h.gone end
+  if h.destroyed then return nil end
+  local c = h.client
+  local st, pod, code = c:call("GET", ns_path(c, "pods", h.name), { timeout = h.k.gone_check_timeout, retries = 1 })
+  if not st then
+    if code == "not_found" then mark_gone(h, "the box's pod was deleted") end
+    return h.gone
   end
+  local why = M.gone_reason(pod)
+  if why then mark_gone(h, why) end
+  return h.gone
+end
+M.check_gone = check_gone
+
+-- A stream that ended oddly (cut, without an exit code, or with a
+-- SIGKILL nobody sent) may be the pod's end seen before its status says so
+-- (the kubelet kills the containers and posts the status about together):
+-- look at the pod, and again every gone_poll seconds for gone_grace. No
+-- task watches an idle box (one would keep `sbx run` from ending).
+-- -> why it is gone | nil
+local function gone_after_stream(h, expected)
+  if h.destroyed then return nil end
+  if check_gone(h) then return h.gone end
+  if expected then return nil end
+  local until_t = core.now() + h.k.gone_grace
+  while not h.gone and not h.destroyed and core.now() < until_t do
+    core.sleep(h.k.gone_poll)
+    check_gone(h)
+  end
+  return h.gone
 end
 
 -- Waits for a joined pod until it runs, fails or the deadline: true | nil,
@@ -358,12 +459,132 @@ local function wait_ready(c, w, k, deadline)
       local wt = type(cs.state) == "table" and cs.state.waiting
       if type(wt) == "table" and wt.reason then why = why .. ", " .. wt.reason end
     end
+    if w.waiting_for then
+      return nil, string.format("the pod did not run within %gs (policy.kubernetes.start_timeout): it waited for %s",
+        k.start_timeout, w.waiting_for), "unschedulable"
+    end
     return nil, string.format("the pod did not run within %gs (policy.kubernetes.start_timeout; last: %s)",
       k.start_timeout, why), "timeout"
   end
   local ok, msg, code = table.unpack(w.result, 1, 3)
   if ok then return true end
   return nil, msg, code
+end
+
+-- The network check ------------------------------------------------------------------------------
+-- network = "none" is a NetworkPolicy, and only a network plugin that
+-- enforces policies makes it real (a plain CNI bridge or flannel ignores
+-- it). So after the pod runs, the box itself tries to connect to the API
+-- server's address (when the kubeconfig's is not a loopback one) and to
+-- its node's kubelet port (status.hostIP); box.limits.network then says
+-- "verified" or "not enforced by this cluster".
+
+-- Tries every address at once; exits 0 and says which when a connection is
+-- made, 1 when none is, 2 when the image has neither bash (/dev/tcp) nor nc
+-- to try with.
+local NET_PROBE = [[
+t=$1; shift; how=
+if command -v bash >/dev/null 2>&1 && command -v timeout >/dev/null 2>&1; then how=bash
+elif command -v nc >/dev/null 2>&1 && command -v timeout >/dev/null 2>&1; then how=nc
+else echo "no bash or nc in the box"; exit 2; fi
+try() {
+  if [ $how = bash ]; then
+    timeout "$t" bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>/dev/null
+  else
+    case $(timeout "$t" nc -w "$t" "$1" "$2" -e sh -c 'echo SBX_NET_CONNECTED >&2' </dev/null 2>&1) in
+      *SBX_NET_CONNECTED*) return 0;; esac
+    return 1
+  fi
+}
+pids=
+for hp; do ( try "${hp%:*}" "${hp##*:}" ) & pids="$pids $!:$hp"; done
+rc=1
+for x in $pids; do wait "${x%%:*}" && { echo "connected to ${x#*:}"; rc=0; }; done
+exit $rc]]
+
+local function loopback(host)
+  return host == "localhost" or host:match("^127%.") ~= nil or host == "::1" or host == "[::1]"
+end
+
+-- The addresses a box off the network must not reach: "host:port" list.
+local function net_targets(h, pod)
+  local out = {}
+  local host, port = tostring(h.client.conn.server):match("^https?://([^/:]+):?(%d*)")
+  if host and not loopback(host) then
+    out[#out + 1] = host .. ":" .. (port ~= "" and port or "443")
+  end
+  local st = type(pod) == "table" and type(pod.status) == "table" and pod.status or {}
+  local spec = type(pod) == "table" and type(pod.spec) == "table" and pod.spec or {}
+  if type(st.hostIP) == "string" and not loopback(st.hostIP) and not st.hostIP:find(":", 1, true) then
+    local kport = 10250
+    if spec.nodeName then
+      local ok, node = h.client:call("GET", "/api/v1/nodes/" .. http.escape(spec.nodeName), { retries = 1 })
+      local ep = ok and type(node) == "table" and type(node.status) == "table" and node.status.daemonEndpoints
+      if type(ep) == "table" and type(ep.kubeletEndpoint) == "table" and tonumber(ep.kubeletEndpoint.Port) then
+        kport = math.tointeger(tonumber(ep.kubeletEndpoint.Port))
+      end
+    end
+    out[#out + 1] = st.hostIP .. ":" .. kport
+  end
+  return out
+end
+
+-- Runs argv in the box's container over exec, no stdin: exit code, stdout | nil, message, code.
+local function exec_simple(h, argv, timeout)
+  local ex, err, code = h.client:exec(h.namespace, h.name, h.k.container, argv, { timeout = timeout })
+  if not ex then return nil, err, code end
+  local out, status = {}, nil
+  local deadline = core.now() + timeout
+  while true do
+    local ch, data, rcode = ex:recv(math.max(0.001, deadline - core.now()))
+    if not ch then
+      ex:close()
+      if rcode == "timeout" then return nil, "the check did not finish in time", "timeout" end
+      break
+    end
+    if ch == 1 then out[#out + 1] = data elseif ch == 3 then status = data end
+  end
+  if not status then return nil, "the check's exec stream ended without an exit status", "exec_failed" end
+  local rc, serr = client_mod.exit_status(status)
+  if not rc then return nil, serr, "exec_failed" end
+  return rc, table.concat(out)
+end
+
+-- M.network_check(h, pod) -> true | nil, message, "network_not_enforced".
+-- Sets h.network_check = { state = "verified" | "not enforced by this
+-- cluster" | "not checked", note }.
+function M.network_check(h, pod)
+  local k = h.k
+  local targets = net_targets(h, pod)
+  if #targets == 0 then
+    h.network_check = { state = "not checked", note = "a NetworkPolicy that allows no ingress and no egress; " ..
+      "not checked: no address to try (the API server's is a loopback one and the pod has no node address)" }
+    h.limits = { network = { enforced = "cluster", check = "not checked", note = h.network_check.note } }
+    return true
+  end
+  local t = k.network_check_timeout
+  local argv = { "sh", "-c", NET_PROBE, "sh", tostring(math.max(1, math.ceil(t))) }
+  for _, x in ipairs(targets) do argv[#argv + 1] = x end
+  local rc, out, code = exec_simple(h, argv, t + 15)
+  if rc == 1 then
+    h.network_check = { state = "verified", note = "a NetworkPolicy that allows no ingress and no egress, and checked: from inside the box, no connection to " .. table.concat(targets, " or ") }
+    h.limits = { network = { enforced = "cluster", check = "verified", note = h.network_check.note } }
+  elseif rc == 0 then
+    h.network_check = { state = "not enforced by this cluster", note = string.format(
+      "the NetworkPolicy is not enforced: from inside the box, %s (the cluster's network plugin ignores NetworkPolicy)",
+      tostring(out):gsub("%s+$", "")) }
+    h.limits = { network = { enforced = false, check = h.network_check.state, note = h.network_check.note } }
+    if k.network_check == "refuse" then
+      return nil, "network = \"none\" is not enforced by this cluster: from inside the box, " ..
+        tostring(out):gsub("%s+$", "") .. " (policy.kubernetes.network_check = \"refuse\")", "network_not_enforced"
+    end
+  else
+    h.network_check = { state = "not checked", note = "a NetworkPolicy that allows no ingress and no egress; " ..
+      "whether the cluster enforces it could not be checked: " .. (rc == 2 and tostring(out):gsub("%s+$", "")
+      or (tostring(out) .. " " .. tostring(code))) }
+    h.limits = { network = { enforced = "cluster", check = "not checked", note = h.network_check.note } }
+  end
+  return true
 end
 
 -- Lifecycle ------------------------------------------------------------------------------------
@@ -420,8 +641,12 @@ function M.create(spec, pol)
     h.created = true
     local s, m, cd = M.pod_state(pod, k)
     if s == false then return nil, m, cd end
-    if s == "ready" then return true end
-    return wait_ready(c, w, k, deadline)
+    if s ~= "ready" then
+      local rok, rerr2, rcode2 = wait_ready(c, w, k, deadline)
+      if not rok then return nil, rerr2, rcode2 end
+    end
+    if k.network == "none" and k.network_check then return M.network_check(h, w and w.last or pod) end
+    return true
   end)
   if w and not w.result then leave_watch(c, w) end
   if not ok or not res then
@@ -472,14 +697,15 @@ local BOOT = 'IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read
 
 local function shq(v) return "'" .. tostring(v):gsub("'", "'\\''") .. "'" end
 
-local function command_script(h, req, v5)
-  local lines = {}
-  if req.cwd then
-    lines[#lines + 1] = "cd -- " .. shq(req.cwd) .. " || exit 125"
-  elseif h.k.workdir then
-    lines[#lines + 1] = "cd -- " .. shq(h.k.workdir) .. " 2>/dev/null"
+local function command_script(h, req, v5, check_id)
+  local setup = {}
+  if not req.cwd and h.k.workdir then
+    setup[#setup + 1] = "cd -- " .. shq(h.k.workdir) .. " 2>/dev/null"
   end
-  for _, kv in ipairs(req.env or {}) do lines[#lines + 1] = "export " .. shq(kv) end
+  for _, kv in ipairs(req.env or {}) do setup[#setup + 1] = "export " .. shq(kv) end
+  -- The start check (transports/start_check.lua): a missing cwd or program
+  -- is exec_failed, not an exit status the command could have chosen.
+  local lines = start_check.lines(req, check_id, setup)
   local words = {}
   for i, a in ipairs(req.argv) do words[i] = shq(a) end
   local cmd = table.concat(words, " ")
@@ -502,11 +728,20 @@ end
 local function pump(h, job, ex, sink, req)
   local limit = req.chunk_limit or (1 << 20)
   local status, why
+  local q
+  local check = start_check.filter(job.check_id, function(bytes) q = sink:push("stdout", bytes) end)
   while true do
     local ch, data, code = ex:recv()
     if not ch then why, job.drop_code = data, code break end
     if ch == 1 or ch == 2 then
-      local q = sink:push(ch == 1 and "stdout" or "stderr", data)
+      if ch == 1 then
+        q = false
+        check.feed(data)
+        -- Held back by the check (a marker's first bytes): the queue as it is.
+        if q == false then q = sink:push("stdout", "") end
+      else
+        q = sink:push("stderr", data)
+      end
       if q == nil then ex:close() h.streams[ex] = nil return end
       if req.chunks then
         while q and q > limit do
@@ -519,6 +754,21 @@ local function pump(h, job, ex, sink, req)
     end
   end
   h.streams[ex] = nil
+  check.flush()
+  -- A stream that ended because the pod went (deleted, evicted, its
+  -- lifetime) is the box gone, whatever the runtime said on the way out.
+  local ecode = status and client_mod.exit_status(status)
+  if not req.is_kill and not h.destroyed and (h.gone or not ecode or ecode >= 128)
+      and gone_after_stream(h, job.killed or (ecode and ecode ~= 137)) then
+    job.error, job.code = h.gone, "box_gone"
+    sink:finish("box_gone", h.gone)
+    return
+  end
+  if check.failed then
+    job.error = start_check.message(check.failed, req, sbx.policy)
+    sink:finish("exec_failed", job.error)
+    return
+  end
   if status then
     local code, err = client_mod.exit_status(status)
     if code then
@@ -542,6 +792,7 @@ end
 -- start(handle, req) -> job | nil, message, code
 function M.start(h, req)
   if h.destroyed then return nil, "the box is closed", "box_gone" end
+  if h.gone then return nil, h.gone, "box_gone" end
   if req.user then
     return nil, "the exec subresource runs commands as the container's user; a per-command user needs the agent transport", "unsupported"
   end
@@ -549,13 +800,17 @@ function M.start(h, req)
   local ex, err, code = c:exec(h.namespace, h.name, h.k.container, { "sh", "-c", BOOT },
     { stdin = true, timeout = req.deadline and math.max(1, req.deadline - core.now()) or nil })
   if not ex then
-    if code == "not_found" then return nil, "the box's pod is gone (" .. tostring(err) .. ")", "box_gone" end
+    if code == "not_found" then mark_gone(h, "the box's pod is gone (" .. tostring(err) .. ")") end
+    -- A refused exec (500 "container not found", 400 "not running") of a
+    -- pod that ended is the box gone, not a server error.
+    if not h.gone and not h.destroyed and code ~= "forbidden" and code ~= "unauthorized" then check_gone(h) end
+    if h.gone then return nil, h.gone, "box_gone" end
     return nil, err, code
   end
   h.streams[ex] = true
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
-  local job = { stream = sink, marker = req.marker, ex = ex }
-  local script = command_script(h, req, ex.v5)
+  local job = { stream = sink, marker = req.marker, ex = ex, check_id = require("sbx.box").random_id() }
+  local script = command_script(h, req, ex.v5, job.check_id)
   if not req.stdin or #req.stdin <= h.k.stdin_chunk then
     ex:send_stdin(script .. (req.stdin or ""))
     if ex.v5 then ex:close_stdin() end
@@ -578,12 +833,13 @@ end
 -- finish(handle, job) -> exit_code | nil, message, code
 function M.finish(_, job)
   if job.exit_code then return job.exit_code end
-  return nil, job.error or "the command ended without an exit status", "no_exit_code"
+  return nil, job.error or "the command ended without an exit status", job.code or "no_exit_code"
 end
 
 -- kill(handle, job, signal, deadline) -> true | nil, message, code: box.lua's
 -- in-box kill, as another exec.
 function M.kill(h, job, signal, deadline)
+  job.killed = true
   local req = require("sbx.box").kill_request(signal, job)
   req.is_kill = true
   local kjob, err, code = M.start(h, req)
@@ -656,7 +912,10 @@ local function run_agent(h, opts, args)
     h.streams[ex] = nil
     ready:set()
     go:set()
-    if not sink:info().eof then sink:finish("agent_lost", why or "the exec stream ended") end
+    if not sink:info().eof then
+      if gone_after_stream(h, false) then sink:finish("box_gone", h.gone)
+      else sink:finish("agent_lost", why or "the exec stream ended") end
+    end
   end)
   local function fail(msg, fcode) ex:close() return nil, msg, fcode or "agent_unavailable" end
   ready:wait(math.max(0.001, opts.deadline - core.now()))
@@ -697,7 +956,9 @@ end
 -- docs/kubernetes.md), which a dropped stream can bring about; the agent
 -- and its commands outlive that, and sbx attaches again.
 function M.agent_channel(h, opts)
+  if h.gone then return nil, h.gone, "box_gone" end
   local ch, err, code = run_agent(h, opts, {})
+  if not ch and not h.destroyed and check_gone(h) then return nil, h.gone, "box_gone" end
   if not ch then return nil, err, code end
   return ch, false, { relay = true }
 end
@@ -706,7 +967,10 @@ end
 -- code: a new exec stream whose freshly placed agent relays to the running one.
 function M.agent_attach(h, opts)
   if not tostring(opts.name):match("^[%w%-]+$") then error("agent_attach: a bad socket name", 2) end
-  return run_agent(h, opts, { "attach", opts.name })
+  if h.gone then return nil, h.gone, "box_gone" end
+  local ch, err, code = run_agent(h, opts, { "attach", opts.name })
+  if not ch and not h.destroyed and check_gone(h) then return nil, h.gone, "box_gone" end
+  return ch, err, code
 end
 
 -- Reaper ------------------------------------------------------------------------------------------

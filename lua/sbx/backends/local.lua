@@ -213,11 +213,54 @@ local function detect_cgroups(pol)
   return none
 end
 
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- What the kernel lets a box have here, asked once of bubblewrap itself
+-- (as the box will ask): { userns = true | why, proc = true | why }.
+-- Inside a container, Docker's default seccomp profile refuses user
+-- namespaces, and a masked /proc (its default too) makes the kernel refuse
+-- a new proc mount in one (fs/namespace.c, mount_too_revealing).
+local function probe(bwrap)
+  local function try(args)
+    local p = io.popen(q(bwrap) .. " --unshare-user --ro-bind / / " .. args .. " true 2>&1")
+    if not p then return "cannot run bubblewrap" end
+    local out = p:read("a") or ""
+    local ok = p:close()
+    return ok and true or (out:gsub("%s+$", ""):gsub("^bwrap: ", ""))
+  end
+  local userns = try("")
+  if userns ~= true then return { userns = userns, proc = userns } end
+  return { userns = true, proc = try("--unshare-pid --proc /proc") }
+end
+
 local function get_facts(pol)
   if not facts then
     facts = { ids = id_mapping(pol), cgroups = detect_cgroups(pol), bwrap = find_program(lpol(pol).bwrap) }
+    facts.probe = facts.bwrap and probe(facts.bwrap) or { userns = "bubblewrap is not installed", proc = "" }
   end
   return facts
+end
+
+-- The box's /proc: "mount" | "copy" | nil, message (refused).
+local function proc_mode(pol)
+  local f, lp = get_facts(pol), lpol(pol)
+  if f.probe.userns ~= true then return nil, string.format(lp.messages.userns_blocked, f.probe.userns) end
+  if lp.proc == "copy" then return "copy" end
+  if f.probe.proc == true then return "mount" end
+  if lp.proc == "auto" then return "copy" end
+  return nil, lp.messages.proc_masked .. " (" .. f.probe.proc .. ")"
+end
+
+-- full(pol): may this backend isolate a box fully here (user namespaces,
+-- a /proc of its own, cgroups for memory, pids and cpu)? true | false, why.
+function M.full(pol)
+  local f = get_facts(pol)
+  local mode, why = proc_mode(pol)
+  if mode ~= "mount" then return false, why or "the box's /proc would be copies (policy.local.proc)" end
+  if not (f.cgroups.memory and f.cgroups.pids and f.cgroups.cpu) then
+    return false, "no cgroups for the memory, pids and cpu limits (" .. tostring(f.cgroups.why) .. ")"
+  end
+  return true
 end
 
 -- Isolation ---------------------------------------------------------------------------
@@ -647,6 +690,8 @@ local function seccomp_program(pol)
 end
 
 local AGENT_PATH = "/dev/sbx-agent"
+-- Where policy.local.busybox appears in a box (grade.lua runs it).
+M.BUSYBOX_PATH = "/dev/busybox-sbx"   -- busybox runs as busybox for argv[0] busybox*
 
 -- The box's options for the launcher, and bubblewrap's command line after
 -- "--" (sent over the launcher's socket).
@@ -657,6 +702,8 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
   local a = {}
   local function add(...) for _, v in ipairs { ... } do a[#a + 1] = v end end
   if f.ids.kind == "single" then add("--map-self") end
+  local copy = h.proc_mode == "copy"
+  if copy then add("--keep-proc") end
   add("--tmpfs", rw, string.format("%d", spec.disk or 0))
   local workdir = spec.workdir or src.config.workdir
   if src.host then
@@ -710,8 +757,14 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
     -- The workdir is the box's own, whatever the host has there.
     if workdir then add("--bind", rw .. "/workdir", workdir) end
   end
-  add("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev")
+  if copy then
+    add("--ro-bind", h.dir .. "/proc", "/proc", "--dev", "/dev")
+  else
+    add("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev")
+  end
   add("--ro-bind", h.progs.agent, AGENT_PATH)
+  -- sbx's own shell for checks in the run's box (policy.local.busybox).
+  if lp.busybox and S.stat(lp.busybox) then add("--ro-bind", lp.busybox, M.BUSYBOX_PATH) end
   local paths = {}
   for p in pairs(spec.tmpfs or {}) do paths[#paths + 1] = p end
   table.sort(paths)
@@ -731,6 +784,7 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
   if has_seccomp then add("--seccomp", "4") end   -- sbx-launch puts the program there
   add("--chdir", workdir or "/", "--clearenv", "--setenv", "PATH", lp.path)
   add("--", AGENT_PATH)
+  if copy then add("--proc-fd", "5") end   -- sbx-launch's --keep-proc
   return a
 end
 
@@ -779,6 +833,8 @@ local function write_maps(ids, pid, deadline)
 end
 
 local function remove_dir(dir)
+  for _, name in ipairs(S.list(dir .. "/proc") or {}) do S.unlink(dir .. "/proc/" .. name) end
+  S.rmdir(dir .. "/proc")
   S.rmdir(dir .. "/rw")
   S.unlink(dir .. "/owner")
   return S.rmdir(dir)
@@ -915,6 +971,19 @@ local function start(h, spec, pol, deadline)
   -- something `sbx reap` can read.
   local ok, err, code = write_record(h, spec)
   if not ok then return fail(err, code) end
+  h.proc_mode = proc_mode(pol)
+  if h.proc_mode == "copy" then
+    -- The box's /proc: copies taken now, bound read-only.
+    local dir = h.dir .. "/proc"
+    S.mkdir(dir, tonumber("755", 8))
+    for _, name in ipairs(lpol(pol).proc_files) do
+      local text = read_file("/proc/" .. name)
+      if text then
+        local okw, werr, wcode = S.install(dir .. "/" .. name, text, tonumber("444", 8))
+        if not okw then return fail("cannot copy /proc/" .. name .. ": " .. tostring(werr), wcode) end
+      end
+    end
+  end
   local argv = launch_argv(h, spec, pol, h.src, f.bwrap, bpf ~= nil)
   sync:write(string.format("%d %d\n", #argv, bpf and #bpf or 0) .. table.concat(argv, "\0") .. "\0" .. (bpf or ""))
   -- "u": the namespaces exist; the maps go in now.
@@ -949,6 +1018,8 @@ function M.create(spec, pol)
   if not f.bwrap then
     return nil, string.format("bubblewrap (%s) is not installed: apt-get install bubblewrap", lpol(pol).bwrap), "unsupported"
   end
+  local mode, merr = proc_mode(pol)
+  if not mode then return nil, merr, "unsupported" end
   local src, ierr, icode = image_source(spec, pol)
   if not src then return nil, ierr, icode end
   -- Every way out below without a box lets go of the image.
@@ -968,6 +1039,20 @@ function M.create(spec, pol)
   if not h then unlease() return nil, err, code end
   h.src, h.spec, h.pol = src, spec, pol
   local lok, launched, lmsg, lcode = pcall(start, h, spec, pol, deadline)
+  if lok and not launched and lcode == "idmap" and f.ids.kind == "subid" then
+    -- newuidmap is there but may not write the map (in a container without
+    -- the capabilities it needs, or an /etc/subuid range outside the
+    -- container's own): every box from now on has the single id instead,
+    -- and box.limits.ids says why.
+    f.ids = { kind = "single", uid = f.ids.uid, gid = f.ids.gid, count = 1,
+      why = "newuidmap failed here (" .. tostring(lmsg):gsub("^cannot map the box's ids: ", "") .. ")" }
+    h.src = nil   -- the image's lease stays with the box
+    M.destroy(h, false, core.now() + lpol(pol).destroy_wait)
+    h, err, code = take_launcher(root, progs, pol)
+    if not h then unlease() return nil, err, code end
+    h.src, h.spec, h.pol = src, spec, pol
+    lok, launched, lmsg, lcode = pcall(start, h, spec, pol, deadline)
+  end
   refill(root, progs, pol)
   if not lok or not launched then
     -- Cut short (an interrupt) or failed: nothing may stay.
@@ -975,6 +1060,16 @@ function M.create(spec, pol)
     if not lok then error(launched, 0) end
     return nil, lmsg, lcode or "launch_failed"
   end
+  -- What this box got where the kernel decided (box.limits.proc, .ids).
+  local ids = f.ids
+  h.limits = {
+    proc = h.proc_mode == "copy" and { enforced = "kernel", note = "copies: this container masks its /proc, " ..
+      "so the box's /proc is read-only copies of policy.local.proc_files, without /proc/self or any " ..
+      "process (docs/local-in-containers.md)" } or { enforced = "kernel", note = "a proc of the box's own PID namespace" },
+    ids = { enforced = "kernel", note = ids.kind == "range" and string.format("%d ids, the same host ids", ids.count)
+      or ids.kind == "subid" and string.format("%d ids: the user's own and its /etc/subuid range (newuidmap)", ids.count)
+      or "a single id, the user's own: " .. tostring(ids.why) },
+  }
   h.env = box_env(spec, pol, src)
   h.default_user = src.config.user ~= "" and src.config.user or nil
   watch_lifetime(h, spec.lifetime)

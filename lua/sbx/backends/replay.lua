@@ -23,6 +23,7 @@
 -- restart) are never reached and say so.
 local boxmod = require "sbx.box"
 local trace = require "sbx.trace"
+local function sbx_text(s) return require("sbx").model_text(s) end
 
 local M = {}
 
@@ -160,7 +161,7 @@ local function rebuild(command, res)
   local stream = {}
   function stream.captured(_, name)
     local p = parts[name]
-    return p.head, p.tail, p.bytes, p.omitted
+    return trace.bytes_in(p.head), trace.bytes_in(p.tail), p.bytes, p.omitted
   end
   return boxmod.build_result({ stream = stream }, {
     timed_out = res.timed_out, timeout = res.timeout, command = command,
@@ -188,8 +189,9 @@ function methods.exec(self, command, opts)
   if not res then return nil, aerr, acode end
   local r = rebuild(command, res)
   if opts.on_output then
-    if #r.stdout > 0 then opts.on_output("stdout", r.stdout) end
-    if #r.stderr > 0 then opts.on_output("stderr", r.stderr) end
+    -- on_output gets text, as from a live box.
+    if #r.stdout > 0 then opts.on_output("stdout", (sbx_text(r.stdout))) end
+    if #r.stderr > 0 then opts.on_output("stderr", (sbx_text(r.stderr))) end
   end
   return r
 end

@@ -54,12 +54,18 @@ local function query_string(q)
 end
 M.query_string = query_string
 
--- The message and code of a failed call from its Status body (or status).
+-- The message and code of a failed call from its Status body (or, when
+-- the body is not a Status, the server's own text, such as the kubelet's
+-- "406: Not Acceptable").
 function M.status_error(status, body)
   local st = type(body) == "string" and body ~= "" and json.decode(body) or nil
   if type(st) == "table" and st.kind == "Status" then
     local code = REASON_CODES[st.reason] or ("http_" .. tostring(status))
     return tostring(st.message or st.reason or ("HTTP " .. status)), code, st
+  end
+  local text = type(body) == "string" and body:gsub("%s+$", ""):sub(1, 300) or ""
+  if text ~= "" and not text:find("[%z\1-\8\14-\31]") then
+    return string.format("HTTP %d from the API server: %s", status, text), "http_" .. tostring(status)
   end
   return string.format("HTTP %d from the API server", status), "http_" .. tostring(status)
 end
@@ -205,10 +211,15 @@ function Client:exec(ns, pod, container, argv, opts)
     attempt = attempt + 1
     local base, err, code = self:_prepare(refreshed)
     if not base then return nil, err, code end
+    -- The API server proxies the upgrade with these headers to the
+    -- kubelet, whose /exec route answers 406 to an Accept other than */*
+    -- (docs/kubernetes.md).
+    base.headers.Accept = "*/*"
     local ws, werr, wcode = core.ws.connect {
       url = url, headers = base.headers, protocols = pol.exec_protocols,
       ca_data = base.ca_data, cert_data = base.cert_data, key_data = base.key_data, insecure = base.insecure,
       timeout = math.max(0.001, deadline - core.now()), max_message = pol.exec_max_message,
+      max_send = pol.exec_max_send,
     }
     if ws then
       local proto = ws:info().protocol
@@ -218,7 +229,8 @@ function Client:exec(ns, pod, container, argv, opts)
           table.concat(pol.exec_protocols, ", ") .. ")", "exec_failed"
       end
       self.exec_protocol = proto
-      return setmetatable({ ws = ws, protocol = proto, v5 = proto == "v5.channel.k8s.io" }, Exec)
+      return setmetatable({ ws = ws, protocol = proto, v5 = proto == "v5.channel.k8s.io",
+        max_send = pol.exec_max_send }, Exec)
     end
     local status = upgrade_status(werr)
     if status == 401 and not refreshed then
@@ -228,16 +240,41 @@ function Client:exec(ns, pod, container, argv, opts)
       core.sleep(math.min(pol.backoff.max, pol.backoff.base * 2 ^ (attempt - 1)) * math.random())
     else
       local code2 = status == 404 and "not_found" or status == 403 and "forbidden" or
-        status == 401 and "unauthorized" or (status == 400 and "exec_failed") or wcode
-      return nil, string.format("exec in pod %s: %s", pod, tostring(werr)), code2
+        status == 401 and "unauthorized" or (status == 400 and "exec_failed") or
+        (status == 406 and "exec_failed") or wcode
+      local words = status and self:_refusal(path, q, base, pol) or nil
+      return nil, string.format("exec in pod %s (GET %s): %s%s", pod, path, tostring(werr),
+        words and (": " .. words) or ""), code2
     end
   end
 end
 
--- exec:send_stdin(bytes) -> true | nil, message, code
+-- The server's own words for a refused exec upgrade. core.ws reads only
+-- the status line of a refusal (libwebsockets 4.1 drops the body), so the
+-- same upgrade request is sent once more through libcurl, which reads the
+-- body; a refusal that is the server's decision (403, 404, 406, a pod that
+-- is not running) comes back the same. -> text | nil
+function Client:_refusal(path, q, base, pol)
+  local r = self:request { method = "GET", path = path, query = q, retries = 0,
+    timeout = math.min(10, pol.request_timeout), headers = {
+      Accept = base.headers.Accept, Connection = "Upgrade", Upgrade = "websocket", ["Sec-WebSocket-Version"] = "13",
+      ["Sec-WebSocket-Key"] = "c2J4LXJlZnVzYWwtd29yZHM=", ["Sec-WebSocket-Protocol"] = table.concat(pol.exec_protocols, ", "),
+    } }
+  if not r or r.status == 101 or r.status < 300 then return nil end
+  return (M.status_error(r.status, r.body))
+end
+
+-- exec:send_stdin(bytes) -> true | nil, message, code. As messages of at
+-- most max_send bytes, channel byte included, each one frame: the exec
+-- server reads every frame as a message of its own (docs/kubernetes.md).
 function Exec:send_stdin(bytes)
-  local ok, err, code = self.ws:send("\0" .. bytes, "binary")
-  if not ok then return nil, err, code end
+  local room = self.max_send - 1
+  local pos = 1
+  repeat
+    local ok, err, code = self.ws:send("\0" .. bytes:sub(pos, pos + room - 1), "binary")
+    if not ok then return nil, err, code end
+    pos = pos + room
+  until pos > #bytes
   return true
 end
 

@@ -43,7 +43,9 @@ function policy.format_result(r, pol)
     return string.format("[Timeout after %ss]", tostring(r.timeout))
   end
   local part = r.parts.output
-  local text = part.head .. part.tail
+  -- The command's bytes as the original shows them (invalid UTF-8 as
+  -- U+FFFD, as Python's errors="replace"; no line about it).
+  local text = (require("sbx").model_text(part.head .. part.tail))
   local cut = part.omitted > 0
   local tail, longer = last_chars(text, pol.output.tail_chars)
   if cut or longer then text = "...[truncated]...\n" .. tail end

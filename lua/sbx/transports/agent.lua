@@ -41,12 +41,12 @@ local M = { name = "agent" }
 local T = {
   HELLO = 0x01, SPAWN = 0x10, STDIN = 0x11, STDIN_EOF = 0x12, SIGNAL = 0x13, CREDIT = 0x14,
   FORGET = 0x15, READ_FILE = 0x20, WRITE_FILE = 0x21, PING = 0x30, ACK = 0x31,
-  STARTED = 0x90, OUT = 0x91, EOF = 0x92, EXIT = 0x93, DONE = 0x94, KILLED = 0x95, MARK = 0x96,
+  STARTED = 0x90, OUT = 0x91, EOF = 0x92, EXIT = 0x93, DONE = 0x94, KILLED = 0x95,
   ERROR = 0xA3, PONG = 0xB1, AGENT_ACK = 0xB2,
 }
 local F = { ARGV = 1, ENV = 2, CWD = 3, USER = 4, FLAGS = 5, PATH = 6, MAX = 7, MODE = 8,
-  CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16 }
-local STDIN_PIPE, SESSION, MKDIRS = 1, 4, 1
+  CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16, STAGE = 17 }
+local STDIN_PIPE, MKDIRS = 1, 1
 -- Linux's numbers (the same on x86_64 and aarch64).
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15, CONT = 18, STOP = 19 }
 M.T, M.F = T, F
@@ -161,24 +161,6 @@ function JobStream:close(code, message)
 end
 
 local function complete(job)
-  if job.session and (job.status ~= nil or job.done or job.error) then
-    -- The session's shell ended (exit in a command, or it was killed): the
-    -- running command ends with the shell's status; the next gets a new one.
-    local cur = job.session.current
-    if cur and cur.shell_job == job and not cur.completed then
-      cur.completed = true
-      cur.status = job.status
-      if job.signal then cur.signal = job.signal end
-      if cur.status == nil then
-        cur.error, cur.error_code = job.error or "the session's shell ended", job.error_code or "session_lost"
-        cur.sink:finish(cur.error_code, cur.error)
-      else
-        cur.sink:finish()
-      end
-      if cur.mark_event then cur.mark_event:set() end
-    end
-    if job.session.job == job then job.session.reset_pending = true end
-  end
   if job.completed then return end
   if job.error then
     job.completed = true
@@ -209,13 +191,6 @@ end
 -- The decoder hands OUT frames over as (bytes, stream).
 dispatch[T.OUT] = function(st, job, bytes, s)
   if s ~= 1 and s ~= 2 then return M.lost(st, "output for an unknown stream") end
-  if job.session then
-    -- A session shell's output belongs to the command it is running.
-    local cur = job.session.current
-    if cur and cur.shell_job == job and not cur.completed then cur.sink:push(s == 1 and "stdout" or "stderr", bytes) end
-    send(st, T.CREDIT, job.id, string.pack(">BI4", s, #bytes))
-    return
-  end
   local q = job.sink:push(s == 1 and "stdout" or "stderr", bytes)
   if job.on_bytes then job.on_bytes(job) end
   if q and q > job.chunk_limit then
@@ -253,19 +228,6 @@ dispatch[T.DONE] = function(st, job)
   if job.completed and job.closed_by_host then st.jobs[job.id] = nil end
 end
 
-dispatch[T.MARK] = function(st, job, p)
-  if #p < 8 or not job.session then return M.lost(st, "a mark for a job that is no session") end
-  local seq, status = string.unpack(">I4i4", p)
-  local cur = job.session.current
-  if cur and cur.shell_job == job and cur.seq == seq and not cur.completed then
-    if status > 128 and status < 160 then cur.signal = status - 128 end
-    cur.status = status
-    cur.completed = true
-    cur.sink:finish()
-    if cur.mark_event then cur.mark_event:set() end
-  end
-end
-
 dispatch[T.KILLED] = function(_, job, p)
   job.killed = #p >= 4 and string.unpack(">I4", p) or 0
   if job.kill_event then job.kill_event:set() end
@@ -277,10 +239,20 @@ dispatch[T.CREDIT] = function(_, job, p)
   if job.stdin_event then job.stdin_event:set() end
 end
 
-dispatch[T.ERROR] = function(_, job, p)
+dispatch[T.ERROR] = function(st, job, p)
   local f = fields(p) or {}
   job.error = tostring(f[F.MESSAGE] or "the agent refused the command")
   job.error_code = tostring(f[F.CODE] or "agent_error")
+  if job.error_code == "exec_failed" and job.req then
+    -- The command never started (its directory, user or exec failed): the
+    -- agent sends nothing more for it; the message is the policy's.
+    local req, box = job.req, st.boxref and st.boxref[1]
+    local pol = box and box:policy() or st.pol
+    job.error = pol.format_exec_failed({ stage = tostring(f[F.STAGE] or "exec"), reason = job.error,
+      program = req.argv and req.argv[1], cwd = req.cwd, user = req.user or st.default_user }, pol)
+    st.jobs[job.id] = nil
+    if job.stdin_event then job.stdin_event:set() end
+  end
   complete(job)
 end
 
@@ -295,11 +267,6 @@ function M.lost(st, why, code)
   if st.ch then pcall(st.ch.close, st.ch) end
   st.kept, st.kept_end = {}, {}
   for _, job in pairs(st.jobs) do
-    local cur = job.session and job.session.current
-    if cur and not cur.completed then
-      cur.completed = true
-      cur.sink:finish(code, prefix .. why)
-    end
     if not job.completed then
       job.completed = true
       job.sink:finish(code, prefix .. why)
@@ -482,11 +449,11 @@ local function reader(st, gen)
     end
     if ev == "eof" and not st.dead and st.gen == gen then
       local info = ch:info()
-      -- A code the backend set (disk_exceeded) is the box's, not the agent's.
+      -- A code the backend set (disk_exceeded, box_gone) is the box's, not the agent's.
       local code = info.error_code ~= "closed" and info.error_code or nil
       local why = st.drop_reason or info.error or "the agent ended the channel"
       st.drop_reason = nil
-      if code == "disk_exceeded" or not can_reattach(st) or not st.hello_done then
+      if code == "disk_exceeded" or code == "box_gone" or not can_reattach(st) or not st.hello_done then
         M.lost(st, why, code)
       else
         local ok, err, ecode = reattach(st, why, gen)
@@ -559,7 +526,7 @@ end
 local generation = 0
 
 -- open(box, pol [, into]) -> state | nil, reason, code. into: the state
--- table of a lost agent, filled anew (jobs and sessions hold it).
+-- table of a lost agent, filled anew (jobs hold it).
 function M.open(box, pol, into)
   local backend = box.backend
   if not backend.agent_channel then
@@ -718,6 +685,7 @@ function M.start(st, req)
       #payload, A.MAX_PAYLOAD), "too_large"
   end
   local job = new_job(st, req, "command")
+  job.req = req
   if not send(st, T.SPAWN, job.id, payload) then return nil, st.dead, "agent_lost" end
   if req.stdin then
     if #req.stdin == 0 then send(st, T.STDIN_EOF, job.id)
@@ -811,118 +779,6 @@ function M.write_file(st, path, data, opts, deadline)
     return nil, (job.sink:captured("stderr")), "write_failed"
   end
   return true
-end
-
--- Sessions: a persistent shell ------------------------------------------------------------
--- A session is a SESSION job running a shell whose stdin is the host's:
--- each command goes in as one line,
---   __sbx_run '<the command, single-quoted>' </dev/null 3>&-; printf '<seq> %d\n' "$?" >&3
--- (__sbx_run() { command eval "$1"; }, with trap 'return 130' INT) so the
--- shell keeps its directory, variables and functions; a syntax error is an
--- error of that command (command eval does not end the shell); the
--- command runs without the status pipe (fd 3 closed) and without the
--- shell's stdin. The agent answers each status line with MARK after the
--- command's output: the boundary and the exit status never come from
--- anything a command prints.
-
-local Session = {}
-Session.__index = Session
-
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function start_shell(sess)
-  local st = sess.st
-  local ok, err, code = alive(st)
-  if not ok then return nil, err, code end
-  local payload = spawn_payload(sess.spec, STDIN_PIPE | SESSION, st.default_user, st.env)
-  local job = new_job(st, { capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 0, tail = 0 },
-    output = { head = 0, tail = 0 } } }, "session")
-  job.session = sess
-  if not send(st, T.SPAWN, job.id, payload) then return nil, st.dead, "agent_lost" end
-  -- Each command runs in a function, so an interrupt (the timeout) returns
-  -- from it: the rest of that command never runs, the shell stays.
-  send(st, T.STDIN, job.id, "__sbx_run() { command eval \"$1\"; }; trap 'return 130' INT\n")
-  sess.job = job
-  return true
-end
-
--- open_session(st, spec) -> session | nil, message, code. spec: argv of
--- the shell, env, cwd, user.
-function M.open_session(st, spec)
-  spec = { argv = spec.argv, env = spec.env, cwd = spec.cwd, user = spec.user }
-  local sess = setmetatable({ st = st, spec = spec, seq = 0 }, Session)
-  local ok, err, code = start_shell(sess)
-  if not ok then return nil, err, code end
-  return sess
-end
-
--- The transport functions of a session (box.lua runs session commands
--- through them, as it runs commands through a transport).
-M.session_transport = { name = "session" }
-local ST = M.session_transport
-
-function ST.start(sess, req)
-  local st = sess.st
-  if sess.closed then return nil, "the session is closed", "closed" end
-  if not sess.job or sess.job.completed or st.dead then
-    local ok, err, code = start_shell(sess)
-    if not ok then return nil, err, code end
-    sess.reset_pending = true
-  end
-  sess.seq = sess.seq + 1
-  local cmd = {
-    seq = sess.seq, marker = req.marker, eof = {}, owed = { 0, 0 }, st = st, id = sess.job.id, shell_job = sess.job,
-    sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit },
-    session_reset = sess.reset_pending or nil,
-  }
-  sess.reset_pending = nil
-  cmd.stream = cmd.sink
-  sess.current = cmd
-  local line = string.format("__sbx_run %s </dev/null 3>&-; printf '%d %%d\n' \"$?\" >&3\n",
-    quote(req.session_command), cmd.seq)
-  if not send(st, T.STDIN, sess.job.id, line) then return nil, st.dead, "agent_lost" end
-  return cmd
-end
-
-function ST.finish(_, cmd)
-  if cmd.error then return nil, cmd.error, cmd.error_code end
-  return cmd.status
-end
-
--- A timeout: the running command's processes go (the shell's children);
--- when the shell itself was the work (a builtin loop), the shell goes too
--- and the next command gets a new one (session_reset).
-function ST.kill(sess, cmd, signal, deadline)
-  local st = sess.st
-  if st.dead then return nil, st.dead, "agent_lost" end
-  local sig = SIGNALS[tostring(signal or "KILL"):gsub("^SIG", "")] or 9
-  cmd.mark_event = cmd.mark_event or core.event()
-  send(st, T.SIGNAL, sess.job.id, string.char(sig, 2))
-  -- Most of the time left goes to the interrupt (a slow channel, such as
-  -- a loaded SSM session, must not cost the shell); the rest to the
-  -- shell's own end.
-  local left = (deadline or core.now() + 2) - core.now()
-  local patience = math.max(0.001, left - math.min(0.5, left / 4))
-  if cmd.completed or cmd.mark_event:wait(patience) then return true end
-  send(st, T.SIGNAL, sess.job.id, string.char(9, 1))
-  sess.job.completed = true
-  sess.reset_pending = true
-  cmd.session_reset = true
-  if not cmd.completed then
-    cmd.completed = true
-    cmd.sink:finish()
-  end
-  return true
-end
-
-function Session:close()
-  if self.closed then return end
-  self.closed = true
-  local st = self.st
-  if self.job and not st.dead then
-    send(st, T.SIGNAL, self.job.id, string.char(9, 1))
-    send(st, T.FORGET, self.job.id)
-  end
 end
 
 function M.close(st)

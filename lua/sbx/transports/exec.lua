@@ -9,7 +9,29 @@ function M.open(box)
   return { box = box }
 end
 
+-- A backend whose API is JSON (Docker's exec create, ECS ExecuteCommand)
+-- says so with text_argv = "<why>": an argv, environment, cwd or user that
+-- is not UTF-8 cannot reach its box unchanged, so it is refused, never
+-- sent repaired.
+local function not_text(req)
+  local valid = require("sbx.core").text.valid
+  for i, a in ipairs(req.argv or {}) do
+    if not valid(a) then return "argument " .. i end
+  end
+  for _, kv in ipairs(req.env or {}) do
+    if not valid(kv) then return "env " .. (kv:match("^[^=]*") or "?") end
+  end
+  if req.cwd and not valid(req.cwd) then return "cwd" end
+  if req.user and not valid(tostring(req.user)) then return "user" end
+end
+
 function M.start(t, req)
+  local why = t.box.backend.text_argv
+  local which = why and not_text(req)
+  if which then
+    return nil, string.format("%s is not UTF-8 text, which the exec transport cannot carry (%s); " ..
+      "the agent transport takes any bytes but NUL", which, why), "unsupported"
+  end
   return t.box.backend.start(t.box.handle, req)
 end
 
