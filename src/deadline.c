@@ -297,6 +297,53 @@ sbx_core_deadline(lua_State *L)
   return deadline_k(L, lua_pcallk(L, lua_gettop(L) - 2, LUA_MULTRET, 0, 0, deadline_k), 0);
 }
 
+/*
+** The message handler of core.xpcall: the caller's handler (upvalue 1),
+** except once the thread's deadline has ended. An error the count hook
+** raises calls the handler with every hook off (ldo.c: the hook's
+** allowhook stays 0 until a pcall unwinds), so a handler that loops there
+** would never be stopped: after the deadline the error goes on as it is.
+*/
+static int
+xpcall_handler(lua_State *L)
+{
+  if (sbx_deadline_state(L))
+    return 1;
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 1);
+  return 1;
+}
+
+static int
+xpcall_k(lua_State *L, int status, lua_KContext extra)
+{
+  if (status != LUA_OK && status != LUA_YIELD) {
+    lua_pushboolean(L, 0);
+    lua_pushvalue(L, -2);
+    return 2;
+  }
+  return lua_gettop(L) - (int)extra;
+}
+
+/*
+** core.xpcall(f, msgh, ...): xpcall, whose handler does not run once the
+** thread's deadline has ended (above). What a task file's xpcall is.
+*/
+int
+sbx_core_xpcall(lua_State *L)
+{
+  int n = lua_gettop(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_pushvalue(L, 2);
+  lua_pushcclosure(L, xpcall_handler, 1);
+  lua_replace(L, 2);                                /* [f, handler, args...] */
+  lua_pushboolean(L, 1);
+  lua_pushvalue(L, 1);
+  lua_rotate(L, 3, 2);                              /* [f, handler, true, f, args...] */
+  return xpcall_k(L, lua_pcallk(L, n - 2, LUA_MULTRET, 2, 2, xpcall_k), 2);
+}
+
 /* A frame dropped with its thread (a task never resumed): off the list. */
 static int
 deadline_gc(lua_State *L)

@@ -873,12 +873,28 @@ sig_async_cb(uv_async_t *a)
 static void
 signals_start(struct sbx_host *h)
 {
-  struct sigaction sa;
   uv_async_init(&h->loop, &h->sig_async, sig_async_cb);
   h->sig_async.data = h;
   uv_unref((uv_handle_t *)&h->sig_async);
-  if (sig_async)
-    return;   /* another host in this process has the handler */
+}
+
+/*
+** core.handle_signals() -> true | false: SIGINT and SIGTERM from now on
+** interrupt this host (above) instead of ending the process. Only when the
+** program asks (the sbx command does, first thing): loading the module
+** into an embedding program leaves its signal dispositions alone. False
+** when another host of this process has them already. Undone when the
+** host closes.
+*/
+static int
+core_handle_signals(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  struct sigaction sa;
+  if (sig_async) {
+    lua_pushboolean(L, sig_async == &h->sig_async);
+    return 1;
+  }
   sig_async = &h->sig_async;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -886,6 +902,8 @@ signals_start(struct sbx_host *h)
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 static void
@@ -987,6 +1005,8 @@ static const luaL_Reg core_funcs[] = {
   { "path_type", core_path_type },
   { "drain", core_drain },
   { "signals", core_signals },
+  { "handle_signals", core_handle_signals },
+  { "xpcall", sbx_core_xpcall },
   { "interrupt", core_interrupt },
   { "exit", core_exit },
   { "deadline", sbx_core_deadline },

@@ -146,6 +146,7 @@ int sbx_host_attention(void);
 /* deadline.c: core.deadline and core.scheduler, the count hook. */
 int sbx_core_deadline(lua_State *L);
 int sbx_core_scheduler(lua_State *L);
+int sbx_core_xpcall(lua_State *L);
 void sbx_deadline_open(lua_State *L);
 /* Sets the count hook on the main thread (every later thread inherits it). */
 void sbx_deadline_install(lua_State *L);

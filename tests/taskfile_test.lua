@@ -81,7 +81,7 @@ return {
   { id = "reach", box = { image = %q }, run = function(box)
       if box.backend ~= nil or box.handle ~= nil or box.spec ~= nil then return "reached" end
       if pcall(function() box.handle = 1 end) then return "wrote" end
-      if getmetatable(box) ~= false then return "metatable" end
+      if getmetatable(box) then return "metatable" end
       return box:exec("echo inside").stdout
     end,
     check = function(box) return box:exec("true").exit_code == 0 end, outputs = { "/tmp/none" } },

@@ -469,15 +469,21 @@ local function admit(self, pol, req)
     local t0 = core.now()
     local ok, verdict, message = run_hook(pol, "before_exec", limit, hook, self, req, pol)
     if not ok then return nil, verdict, message end
-    if req.timeout then
-      local left = req.timeout - (core.now() - t0)
-      if left <= 0 then return nil, pol.format_hook_timeout("before_exec", limit), "hook_timeout" end
-      req.timeout = left
-    end
+    local spent = core.now() - t0
     if verdict == false then
       return nil, message ~= nil and tostring(message) or pol.denied_message, "denied"
     elseif verdict ~= nil and verdict ~= true then
       req = take_changed(self, pol, req, verdict)
+    end
+    if req.timeout then
+      -- The hook's time is taken from the command's (in a copy: the hook
+      -- may keep the req it saw).
+      local left = req.timeout - spent
+      if left <= 0 then return nil, pol.format_hook_timeout("before_exec", limit), "hook_timeout" end
+      local r = {}
+      for k, v in pairs(req) do r[k] = v end
+      r.timeout = left
+      req = r
     end
   end
   local long = too_long(req, pol)

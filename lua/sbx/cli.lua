@@ -384,6 +384,10 @@ function commands.eval(args)
 end
 
 function M.main(argv)
+  -- The sbx command takes SIGINT and SIGTERM (an embedding program that
+  -- only loads the module keeps its own): they stop Lua code where it
+  -- runs and close the boxes (core.handle_signals).
+  sbx.core.handle_signals()
   local args = { table.unpack(argv) }
   local policy = os.getenv("SBX_POLICY")
   while args[1] and args[1]:sub(1, 1) == "-" do

@@ -4,7 +4,8 @@
 -- with sbx (getmetatable("") is a stand-in, not the string table sbx's own
 -- code uses), cannot set a finalizer (__gc runs with the count hook off, so
 -- a finalizer could outlive any deadline), and have no io, os, require,
--- load, debug, collectgarbage, coroutine or string.dump. Everything it
+-- load, debug, collectgarbage, coroutine or string.dump; its xpcall's
+-- handler does not run once its deadline has passed. Everything it
 -- hands back is copied into plain data (copy) before sbx reads it, so no
 -- metamethod of the file's runs outside a deadline.
 --
@@ -15,7 +16,7 @@
 local M = {}
 
 local SAFE_GLOBALS = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber",
-  "tostring", "type", "xpcall", "rawequal", "rawlen" }
+  "tostring", "type", "rawequal", "rawlen" }
 local SAFE_LIBS = { "string", "table", "math", "utf8" }
 
 -- The real string metatable's __index becomes a table without dump, for
@@ -42,6 +43,10 @@ function M.new()
     env[n] = t
   end
   env.string.dump = nil
+  -- xpcall whose handler does not run once the deadline has ended: an
+  -- error from the count hook calls the handler with hooks off, where a
+  -- loop could never be stopped (deadline.c).
+  env.xpcall = require("sbx").core.xpcall
   -- Metatables: only those the file set itself are its to see or change.
   local own = setmetatable({}, { __mode = "k" })      -- object -> true
   local string_mt = { __index = env.string }          -- what getmetatable("") gives
