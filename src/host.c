@@ -418,13 +418,19 @@ sbx_drive(struct sbx_host *h, const int *flag)
     if (flag && *flag)
       return 0;
     if (h->interrupt_pending) {
-      if (h->interrupt_cancelled)
+      int taken = h->interrupt_cancelled;
+      if (taken)
         h->interrupt_pending = h->interrupt_cancelled = 0;
       else
         deliver_interrupt(h);
       undelivered = 0;
       run_ready(h);
-      return flag ? -1 : 0;
+      /* A signal was delivered when it was taken (sbx_host_poll_signals)
+      ** to every wait pending then, this one among them if it was: a wait
+      ** begun after that (the cleanup the signal started) goes on. */
+      if (!taken || !flag)
+        return flag ? -1 : 0;
+      continue;
     }
     if (!flag && h->tasks_alive == 0 && h->detached == 0)
       return 0;
