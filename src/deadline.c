@@ -171,9 +171,15 @@ raise_ended(lua_State *L, struct sbx_host *h, int why)
 static void
 count_hook(lua_State *L, lua_Debug *ar)
 {
+  (void)ar;
+  sbx_deadline_check(L);
+}
+
+void
+sbx_deadline_check(lua_State *L)
+{
   struct sbx_host *h;
   int why;
-  (void)ar;
   if (!armed_frames && !sbx_host_attention())
     return;
   h = sbx_host_peek(L);

@@ -1112,6 +1112,7 @@ sbx_open_host(lua_State *L)
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newlib(L, core_funcs);
+  sbx_pattern_open(L);
   /* The platform's numbers, for code that tells a closed pipe from other
   ** failures (file:write's third result is an errno). */
   lua_pushinteger(L, EPIPE);

@@ -147,6 +147,13 @@ int sbx_host_attention(void);
 int sbx_core_deadline(lua_State *L);
 int sbx_core_scheduler(lua_State *L);
 int sbx_core_xpcall(lua_State *L);
+/* Raises in L when a deadline frame of L has ended (one past its time ends
+** now) or a signal is to be taken: what the count hook does, for C code
+** that runs long (pattern.c). */
+void sbx_deadline_check(lua_State *L);
+/* pattern.c: sets core.pattern (find, match, gmatch, gsub under deadlines)
+** in the table on top of the stack. */
+void sbx_pattern_open(lua_State *L);
 void sbx_deadline_open(lua_State *L);
 /* Sets the count hook on the main thread (every later thread inherits it). */
 void sbx_deadline_install(lua_State *L);

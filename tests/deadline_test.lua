@@ -44,6 +44,36 @@ ends("string.gsub with a looping callback",
 ends("table.sort with a looping comparator",
   function() table.sort({ 3, 2, 1 }, function() while true do end end) end)
 
+-- A pattern that backtracks for hours runs in C, where the count hook
+-- never runs: a task file's pattern functions (and every string's methods)
+-- look at the deadline as they match.
+local penv = sbx.harness.task_env()
+local bomb = load([[
+  local s = string.rep("a", 60)
+  local P = ".-.-.-.-.-.-.-.-.-.-b"
+  return function() return string.find(s, P) end, function() return s:match(P) end,
+    function() return (string.gsub(s, P, "x")) end, function() for _ in s:gmatch(P) do end end
+]], "=bomb", "t", penv)
+for i, f in ipairs { bomb() } do
+  ends("a pattern that backtracks for hours (" .. ({ "find", "s:match", "gsub", "s:gmatch" })[i] .. ")", f)
+end
+-- Outside a deadline they are the stock functions.
+local stock = { find = string.find, match = string.match, gsub = string.gsub }
+local same = true
+for _, c in ipairs {
+  { "hello world", "o w" }, { "hello world", "(o)(.)" }, { "x=1, y=2", "(%w+)=(%w+)" }, { " trim me ", "^%s*(.-)%s*$" },
+  { "THE (quick) fox", "%((%a+)%)" }, { "abc", "()b()" }, { "f(a(b)c)", "%b()" }, { "THE", "%f[%a]%a+" }, { "a.b", "." },
+} do
+  for _, fn in ipairs { "find", "match" } do
+    local a, b = table.pack(stock[fn](c[1], c[2])), table.pack(penv.string[fn](c[1], c[2]))
+    if a.n ~= b.n then same = false end
+    for j = 1, a.n do if a[j] ~= b[j] then same = false end end
+  end
+  if stock.gsub(c[1], c[2], "<%0>") ~= penv.string.gsub(c[1], c[2], "<%0>") then same = false end
+end
+tap.ok(same, "a task's find, match and gsub return what the stock ones do")
+tap.checkerr("malformed pattern", penv.string.find, "x", "[a")
+
 -- Results and errors.
 local r = table.pack(sbx.deadline(5, function(a, b) return a + b, nil, "x" end, 1, 2))
 tap.is(r.n, 4, "every result comes back, nils too")

@@ -1,6 +1,7 @@
 -- A stranger's Lua task file against sbx eval's time limits and its
 -- environment: a run function that loops forever (also inside xpcall's
--- handler, where hooks are off) is stopped at its task's timeout and its
+-- handler, where hooks are off, or in a pattern that backtracks for hours,
+-- in C) is stopped at its task's timeout and its
 -- box removed; a chunk that loops is stopped at harness.load_timeout;
 -- SIGTERM and SIGINT end sbx while the file's code spins, closing its
 -- boxes (exit 128 + N); getmetatable("") gives the file a stand-in, not
@@ -43,7 +44,7 @@ end
 
 -- Loops in phase functions ----------------------------------------------------
 
-local spin_id, xp_id = tag .. "-spin", tag .. "-xp"
+local spin_id, xp_id, pat_id = tag .. "-spin", tag .. "-xp", tag .. "-pat"
 write(dir .. "/spin.lua", string.format([[
 local function spin() while true do end end
 return {
@@ -53,15 +54,18 @@ return {
   { id = %q, box = { image = %q }, timeout = 2,
     run = function(box) while true do xpcall(spin, spin) end end,
     check = "true", outputs = { "/tmp/none" } },
-}]], spin_id, H.busybox, xp_id, H.busybox))
-local out, code = eval(string.format("eval %s/spin.lua --out %s/spin.out --concurrency 2", dir, dir))
+  { id = %q, box = { image = %q }, timeout = 2,
+    run = function(box) return (box:exec("echo aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").stdout):find(".-.-.-.-.-.-.-.-.-.-b") end,
+    check = "true", outputs = { "/tmp/none" } },
+}]], spin_id, H.busybox, xp_id, H.busybox, pat_id, H.busybox))
+local out, code = eval(string.format("eval %s/spin.lua --out %s/spin.out --concurrency 3", dir, dir))
 tap.ok(code ~= 137, "sbx eval of a task whose run never returns ends (not killed)", out)
 local by = {}
 for line in (read(dir .. "/spin.out") or ""):gmatch("[^\n]+") do
   local r = json.decode(line)
   by[r.id] = r
 end
-for _, id in ipairs { spin_id, xp_id } do
+for _, id in ipairs { spin_id, xp_id, pat_id } do
   local r = by[id]
   local run = r and r.phases and r.phases.run
   tap.ok(run and run.timed_out == true, id .. ": its run phase timed out at the task's timeout", r and json.encode(r))

@@ -5,7 +5,9 @@
 -- code uses), cannot set a finalizer (__gc runs with the count hook off, so
 -- a finalizer could outlive any deadline), and have no io, os, require,
 -- load, debug, collectgarbage, coroutine or string.dump; its xpcall's
--- handler does not run once its deadline has passed. Everything it
+-- handler does not run once its deadline has passed, and its pattern
+-- matching (string.find/match/gmatch/gsub, s:find...) stops at the
+-- deadline however long a pattern would backtrack (pattern.c). Everything it
 -- hands back is copied into plain data (copy) before sbx reads it, so no
 -- metamethod of the file's runs outside a deadline.
 --
@@ -29,6 +31,9 @@ local function string_methods_without_dump()
   local methods = setmetatable({
     dump = function() error("string.dump is not available on strings", 2) end,
   }, { __index = string })
+  -- Pattern matching that a deadline stops (pattern.c): s:find(p) as
+  -- well as string.find(s, p).
+  for k, f in pairs(require("sbx").core.pattern) do methods[k] = f end
   mt.__index = methods
   mt.__sbx_nodump = true
 end
@@ -43,6 +48,7 @@ function M.new()
     env[n] = t
   end
   env.string.dump = nil
+  for k, f in pairs(require("sbx").core.pattern) do env.string[k] = f end
   -- xpcall whose handler does not run once the deadline has ended: an
   -- error from the count hook calls the handler with hooks off, where a
   -- loop could never be stopped (deadline.c).
