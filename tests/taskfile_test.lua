@@ -90,6 +90,11 @@ return {
       if box.backend ~= nil or box.handle ~= nil or box.spec ~= nil then return "reached" end
       if pcall(function() box.handle = 1 end) then return "wrote" end
       if getmetatable(box) then return "metatable" end
+      local tl = box:tools()
+      if tl.box ~= nil then return "the tools list reached the box" end
+      box.usage.commands = -1000
+      if box.usage.commands == -1000 then return "reset its usage" end
+      if not tl[1].run({ command = "true" }) then return "a tool does not run" end
       return box:exec("echo inside").stdout
     end,
     check = function(box) return box:exec("true").exit_code == 0 end, outputs = { "/tmp/none" } },

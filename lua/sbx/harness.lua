@@ -124,14 +124,33 @@ M.task_env = taskenv.new
 -- the box (whose backend and handle reach the daemon).
 local VIEW_METHODS = { "exec", "spawn", "processes", "output", "kill", "wait", "write_file", "read_file", "tools" }
 
+-- A copy of v with no table shared with sbx (and no metatable): the
+-- counters a task could otherwise reset (usage), the policy's tool schemas.
+local function plain(v, depth)
+  if type(v) ~= "table" or (depth or 0) > 32 then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = plain(x, (depth or 0) + 1) end
+  return out
+end
+
 local function box_view(box)
   local view = {}
   for _, m in ipairs(VIEW_METHODS) do
     view[m] = function(_, ...) return box[m](box, ...) end
   end
+  -- The tools without the list's box field (the box itself) and with
+  -- schemas of their own.
+  view.tools = function()
+    local out = {}
+    for i, t in ipairs(box:tools()) do
+      out[i] = { name = t.name, description = t.description, schema = plain(t.schema), order = plain(t.order), run = t.run }
+    end
+    return out
+  end
   return setmetatable(view, {
     __index = function(_, k)
-      if k == "id" or k == "usage" or k == "limits" then return box[k] end
+      if k == "id" then return box.id end
+      if k == "usage" or k == "limits" then return plain(box[k]) end
     end,
     __newindex = function() error("a task's box view is read-only", 2) end,
     __metatable = false,
