@@ -198,17 +198,31 @@ sbx_deadline_check(lua_State *L)
   }
 }
 
+/*
+** The count hook costs every instruction of a hooked thread a call
+** (lvm.c's trap), so a thread carries it only while it runs under a
+** deadline (sbx_core_deadline sets it, deadline_k takes it off), and the
+** main thread from a signal on (sbx_deadline_signal_hook, from the signal
+** handler: lua_sethook is safe there, as lua.c's own SIGINT handler uses
+** it) for code that never waits. A thread made while the hook is on
+** inherits it.
+*/
 void
-sbx_deadline_install(lua_State *L)
+sbx_deadline_signal_hook(lua_State *main)
 {
-  lua_State *main;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  main = lua_tothread(L, -1);
-  lua_pop(L, 1);
   if (main && lua_gethook(main) == NULL)
     lua_sethook(main, count_hook, LUA_MASKCOUNT, SBX_HOOK_COUNT);
-  if (lua_gethook(L) == NULL)
-    lua_sethook(L, count_hook, LUA_MASKCOUNT, SBX_HOOK_COUNT);
+}
+
+/* Whether a frame of thread L is still on the host's list. */
+static int
+thread_has_frames(struct sbx_host *h, lua_State *L)
+{
+  struct sbx_deadline *d;
+  for (d = h->deadlines; d; d = d->next)
+    if (d->thread == L)
+      return 1;
+  return 0;
 }
 
 static int
@@ -219,7 +233,9 @@ deadline_k(lua_State *L, int status, lua_KContext ctx)
   int why = d->state;
   (void)ctx;
   frame_unlink(d);
-  if (!thread_state(h, L, 0))
+  if (!thread_has_frames(h, L) && !h->interrupt_pending && !sbx_host_attention())
+    lua_sethook(L, NULL, 0, 0);
+  else if (!thread_state(h, L, 0))
     lua_sethook(L, count_hook, LUA_MASKCOUNT, SBX_HOOK_COUNT);
   if (why == SBX_DEADLINE_ARMED && (status == LUA_OK || status == LUA_YIELD)) {
     lua_pushboolean(L, 1);

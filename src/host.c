@@ -31,6 +31,7 @@ enum { TASK_READY, TASK_WAITING, TASK_DONE, TASK_FAILED };
 /* Signals, process-wide (see on_signal). */
 static volatile sig_atomic_t sig_count, sig_last;
 static uv_async_t *sig_async;          /* the host's, while it lives */
+static lua_State *volatile sig_main;   /* its main thread (the handler hooks it) */
 static int sig_taken;                  /* the part of sig_count already taken */
 static int undelivered;                /* taken, not yet delivered to waits */
 static struct sigaction old_int, old_term;
@@ -840,6 +841,7 @@ on_signal(int signum)
   }
   if (sig_async)
     uv_async_send(sig_async);
+  sbx_deadline_signal_hook(sig_main);
   errno = saved;
 }
 
@@ -902,6 +904,9 @@ core_handle_signals(lua_State *L)
     return 1;
   }
   sig_async = &h->sig_async;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  sig_main = lua_tothread(L, -1);
+  lua_pop(L, 1);
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
@@ -919,6 +924,7 @@ signals_stop(struct sbx_host *h)
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     sig_async = NULL;
+    sig_main = NULL;
   }
   uv_close((uv_handle_t *)&h->sig_async, NULL);
 }
@@ -1091,7 +1097,6 @@ host_create(lua_State *L)
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &THREADS_KEY);
   signals_start(h);
-  sbx_deadline_install(L);
   return h;
 }
 

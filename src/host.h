@@ -155,8 +155,9 @@ void sbx_deadline_check(lua_State *L);
 ** in the table on top of the stack. */
 void sbx_pattern_open(lua_State *L);
 void sbx_deadline_open(lua_State *L);
-/* Sets the count hook on the main thread (every later thread inherits it). */
-void sbx_deadline_install(lua_State *L);
+/* From the signal handler: the count hook on the main thread (lua_sethook
+** is async-signal-safe), so code that never waits sees the signal. */
+void sbx_deadline_signal_hook(lua_State *main);
 /* SBX_DEADLINE_TIMEOUT or _SIGNAL when a frame of thread L has ended (one
 ** past its time ends now), else 0. */
 int sbx_deadline_state(lua_State *L);
