@@ -16,13 +16,17 @@
 ** killed script). Finalizers run with hooks off (lgc.c GCTM), so code under
 ** a deadline must not be able to set __gc: the task environment refuses it.
 **
-** Outside any frame a signal is delivered at the next wait, as before; Lua
-** code that runs on for more than the scheduler's slice after a signal
-** (core.scheduler{ slice = }) gets "interrupted (signal N)" where it is.
+** Outside any frame a signal is delivered at the next wait, as before; code
+** of the main thread that runs on for more than the scheduler's slice after
+** a signal (core.scheduler{ slice = }) gets "interrupted (signal N)" where
+** it is (the signal handler hooks the main thread). The hook is on a thread
+** only while it needs it (see sbx_deadline_signal_hook): a hooked thread
+** pays a call per instruction.
 **
 ** Mechanism only: what a deadline is for, and how long, is Lua's (sbx.deadline
-** in init.lua, the policy). The C stack is not watched: a C function that
-** runs long (a pathological string pattern) ends before the hook can act.
+** in init.lua, the policy). The C stack is not watched by the hook: C that
+** runs long must ask itself (sbx_deadline_check; pattern.c does), and the
+** handler of an error the hook raised runs with hooks off (core.xpcall).
 */
 #include "host.h"
 

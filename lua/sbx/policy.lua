@@ -331,7 +331,7 @@ policy.harness = {
 }
 
 -- The scheduler: Lua code on one loop. After SIGINT or SIGTERM, Lua code
--- that runs this many seconds without reaching a wait (where the signal is
+-- of the main thread (a script's chunk) that runs this many seconds without reaching a wait (where the signal is
 -- delivered) gets "interrupted (signal N)" where it is, so a loop that
 -- never waits does not keep sbx from closing its boxes; false: only at the
 -- next wait. Code under a deadline (sbx.deadline: task functions, hooks)
