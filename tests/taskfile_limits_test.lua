@@ -4,7 +4,7 @@
 -- in C) is stopped at its task's timeout and its
 -- box removed; a chunk that loops is stopped at harness.load_timeout;
 -- SIGTERM and SIGINT end sbx while the file's code spins, closing its
--- boxes (exit 128 + N); getmetatable("") gives the file a stand-in, not
+-- boxes (exit 128 + N; `sbx reap --dry-run` names none of them); getmetatable("") gives the file a stand-in, not
 -- the string table sbx runs on; a task file cannot reach the host through
 -- its box options. Bounds here only prove "does not hang" (generous: a
 -- loaded machine); nothing asserts a speed.
@@ -124,17 +124,20 @@ return {
   local pid, rcfile, log = start(id, string.format("eval %s/%s.lua --out %s/%s.out", dir, id, dir, id))
   local child = pid and sbx_pid(pid)
   -- Wait until its run function spins: it wrote /tmp/started in its box.
-  local limit, started = sbx.now() + 120, false
+  local limit, started, cid = sbx.now() + 120, false, nil
   while not started and sbx.now() < limit do
-    local cid = H.sh("docker ps -q --filter label=sbx.task=" .. id):match("%x+")
+    cid = H.sh("docker ps -q --filter label=sbx.task=" .. id):match("%x+")
     started = cid and H.sh("docker exec " .. cid .. " cat /tmp/started"):find("spinning") ~= nil
     if not started then sbx.sleep(0.2) end
   end
+  local name = cid and H.sh("docker inspect -f '{{.Name}}' " .. cid):match("[%w%-_]+")
   tap.ok(started, "SIG" .. sig[1] .. ": the task's run function is spinning in its box", read(log))
   os.execute(string.format("kill -%s %s", sig[1], tostring(child)))
   local rc = wait_rc(rcfile, 120)
   tap.is(rc, sig[2], string.format("SIG%s ends sbx while the task's code spins (exit %d)", sig[1], sig[2]), read(log))
   tap.is(boxes_of(id), 0, "SIG" .. sig[1] .. ": and its box is removed", read(log))
+  local reap = H.sh(H.sbx_bin .. " reap --dry-run")
+  tap.ok(name and not reap:find(name, 1, true), "SIG" .. sig[1] .. ": sbx reap has nothing of it (" .. tostring(name) .. ")", reap)
 end
 
 -- SIGTERM while the chunk itself spins (nothing to close: it still ends).
