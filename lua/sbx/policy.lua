@@ -29,7 +29,11 @@ policy.box = {
   -- "auto": docker when a daemon answers, else local (no daemon needed);
   -- or "docker", "local", "fargate", "kubernetes".
   backend = "auto",
-  image = "debian:bookworm-slim",
+  -- One of the two images scripts/setup.sh builds (no registry needed):
+  -- Debian 12, as the former default debian:bookworm-slim was, with bash,
+  -- coreutils and apt (sbx-busybox:latest has no bash nor glibc).
+  -- Kubernetes and Fargate pull from a registry: name an image there.
+  image = "sbx-debian:12",
   workdir = "/work",            -- created by the daemon if the image lacks it
   memory = 1024 * MiB,          -- bytes; swap is disabled (MemorySwap = Memory)
   cpus = 1.0,                   -- CPU quota in cores
@@ -304,6 +308,12 @@ policy.harness = {
   concurrency = 4,              -- tasks at once when the caller gives none
   value_max = 4096,             -- bytes of a Lua check's return value kept in a result
   slowest = 5,                  -- tasks listed as the slowest in the summary
+  -- Tasks that ended in "error" (no box, a daemon failure, ...) are shown
+  -- with their reason: on their progress line (stderr) and in the
+  -- summary, at most error_lines of them there; each reason its first
+  -- line, cut at error_chars characters (--out keeps the whole text).
+  error_lines = 10,
+  error_chars = 300,
   -- Box options a task file may set. Task files are data, often a
   -- stranger's: numbers from a task may only lower the policy's values and
   -- its network may only be "none"; anything outside this list makes the
