@@ -322,6 +322,35 @@ policy.harness = {
   task_box_options = { "image", "workdir", "env", "memory", "cpus", "pids", "disk", "read_only", "lifetime" },
 }
 
+-- Progress of long steps (sbx.progress): an image's export from a daemon,
+-- its download from a registry, its unpacking into the cache. Lines with
+-- bytes and rate go to stderr (never stdout), so scripts and pipes that
+-- read stdout are unaffected.
+policy.progress = {
+  -- "auto": on a terminal from the start of a step; elsewhere only once a
+  -- step has run `after` seconds (a quick one says nothing). "always" (as
+  -- on a terminal) or "never".
+  mode = "auto",
+  after = 10,                   -- seconds a step runs before it speaks (not on a terminal)
+  interval = 1,                 -- seconds between a step's lines on a terminal
+  plain_interval = 10,          -- and elsewhere (logs)
+  -- The line for a step: p = { what, bytes, total (or nil), count, of (or
+  -- nil), seconds, rate (bytes/s or nil), done }.
+  format = function(p)
+    local size = require("sbx.progress").size
+    local parts = { size(p.bytes) }
+    if p.total and p.total > 0 then
+      parts[1] = string.format("%s of %s (%d%%)", size(p.bytes), size(p.total), math.floor(100 * math.min(1, p.bytes / p.total)))
+    end
+    if p.of then parts[#parts + 1] = string.format("%d/%d layers", p.count, p.of) end
+    local rate = p.rate and (size(p.rate) .. "/s") or "-"
+    if p.done then
+      return string.format("sbx: %s: done, %s in %.1f s (%s)", p.what, table.concat(parts, ", "), p.seconds, rate)
+    end
+    return string.format("sbx: %s: %s at %s, %.0f s", p.what, table.concat(parts, ", "), rate, p.seconds)
+  end,
+}
+
 -- Grading (sbx.harness, lua/sbx/grade.lua; docs/grading.md): where a
 -- task's check runs, and what it may carry over from its run.
 policy.grade = {
