@@ -82,6 +82,12 @@ function Meter:add(n)
   self:show(false)
 end
 
+-- meter:set(bytes [, total]): where the step is (a sum the caller keeps).
+function Meter:set(bytes, total)
+  self.bytes, self.total = bytes, total or self.total
+  self:show(false)
+end
+
 function Meter:step(n)
   self.count = self.count + 1
   self.bytes = self.bytes + (n or 0)
