@@ -103,5 +103,16 @@ print(b and "made" or ("not made: " .. tostring(code)))
   reg:stop()
 end
 
+-- Bad knobs are refused when the policy is loaded.
+for _, case in ipairs {
+  { 'progress = { mode = "loud" }', "progress.mode must be one of" },
+  { "progress = { after = -1 }", "progress.after must be >= 0" },
+  { 'progress = { format = "text" }', "progress.format" },
+} do
+  local bad = write("bad" .. #case[1] .. ".lua", "return { " .. case[1] .. " }\n")
+  local out, rc = H.sh(string.format("%s policy check %s", sbx_bin, q(bad)))
+  tap.ok(rc ~= 0 and out:find(case[2], 1, true), "refused: " .. case[1] .. " (" .. out:gsub("\n$", "") .. ")")
+end
+
 IH.cleanup()
 tap.done()
