@@ -68,6 +68,9 @@ local function untag()
   tagged = {}
 end
 
+-- The snippets run inside a pcall: the image names are untagged whatever happens.
+local ok, failure = pcall(function()
+
 -- Kubernetes -------------------------------------------------------------------------------
 
 do
@@ -110,7 +113,10 @@ do
   end
   st:stop()
 end
+
+end)
 untag()
+if not ok then error(failure, 0) end
 
 -- Docker and local -------------------------------------------------------------------------
 
