@@ -19,6 +19,33 @@ umask 022
 
 log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+# busy WHAT [OUT] -- CMD...: runs CMD (its stdout and stderr to the file OUT
+# when given), saying every $SBX_SETUP_HEARTBEAT seconds (default 30) that
+# it still is WHAT, how long so far, and OUT's last line (what the command
+# itself last said), so a step that takes minutes is never silent. CMD's
+# status is busy's.
+busy() {
+    local what=$1 logf='' pid rc t0=$SECONDS n=0 every=${SBX_SETUP_HEARTBEAT:-30}
+    shift
+    if [ "$1" != -- ]; then logf=$1; shift; fi
+    shift
+    if [ -n "$logf" ]; then "$@" >"$logf" 2>&1 & else "$@" & fi
+    pid=$!
+    # A background command of a script ignores SIGINT: pass it on.
+    trap 'kill "$pid" 2>/dev/null; exit 130' INT TERM
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        n=$((n + 1))
+        if [ $((n % every)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then
+            local last=
+            [ -f "$logf" ] && [ -s "$logf" ] && last=$(tail -n 1 "$logf" | cut -c1-100)
+            log "still $what ($((SECONDS - t0))s)${last:+: $last}"
+        fi
+    done
+    wait "$pid" && rc=0 || rc=$?
+    trap - INT TERM
+    return "$rc"
+}
 
 force=0
 want=()
@@ -89,6 +116,7 @@ import_tar() {
     for c in "$@"; do q+=(--url-query "changes=$c"); done
     # -T streams the file instead of loading it into memory like --data-binary
     # would; "Expect:" avoids a pointless 100-continue round trip.
+    log "importing $repo:$tag into the Docker daemon ($(numfmt --to=iec --suffix=B "$(stat -c %s "$tar")"))"
     out=$(api -X POST -T "$tar" -H 'Content-Type: application/x-tar' -H 'Expect:' \
         -w '\nHTTP %{http_code}' "${q[@]}" http://localhost/images/create) \
         || die "import of $repo:$tag failed (curl)"
@@ -147,7 +175,8 @@ sync_archive() {
     [ -n "$id" ] || die "$ref is not on the daemon"
     have=$(tar -xOf "$out" manifest.json 2>/dev/null | grep -o '"Config":"[^"]*"' | head -n1 | grep -o '[0-9a-f]\{64\}' || true)
     [ "sha256:$have" != "$id" ] || return 0
-    api -f -o "$out.tmp" "http://localhost/images/$ref/get" || die "cannot export $ref from the daemon"
+    log "exporting $ref from the daemon into $out"
+    busy "exporting $ref" -- api -f -o "$out.tmp" "http://localhost/images/$ref/get" || die "cannot export $ref from the daemon"
     mv "$out.tmp" "$out"
     log "$ref archive: the daemon's image ${id:7:12} ($out)"
 }
@@ -304,16 +333,16 @@ build_debian() {
         mirror=$(debian_mirror)
         if [ ! -s "$debs" ]; then
             log "downloading bookworm minbase packages from $mirror"
-            debootstrap "${opts[@]}" --make-tarball="$tmp/debs.tgz" bookworm "$tmp/dl" "$mirror" \
-                >"$tmp/debootstrap.log" 2>&1 \
+            busy "downloading packages" "$tmp/debootstrap.log" -- \
+                debootstrap "${opts[@]}" --make-tarball="$tmp/debs.tgz" bookworm "$tmp/dl" "$mirror" \
                 || { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap --make-tarball failed"; }
             mv "$tmp/debs.tgz" "$debs"
         else
             log "using cached packages $debs"
         fi
-        log "debootstrapping rootfs"
-        debootstrap "${opts[@]}" --unpack-tarball="$debs" bookworm "$root" "$mirror" \
-            >"$tmp/debootstrap.log" 2>&1 \
+        log "debootstrapping rootfs (a few minutes)"
+        busy "debootstrapping" "$tmp/debootstrap.log" -- \
+            debootstrap "${opts[@]}" --unpack-tarball="$debs" bookworm "$root" "$mirror" \
             || { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
 
         # Docker supplies /dev, /proc, /sys, resolv.conf, hostname and hosts
@@ -326,6 +355,7 @@ build_debian() {
             "$root"/var/log/* "$root"/tmp/* "$root"/var/tmp/*
         mkdir -p "$root/work"
 
+        log "packing the rootfs"
         make_tar "$root" "$tmp/debian.tar"
         mv "$tmp/debian.tar" "$rootfs"
     else

@@ -12,6 +12,33 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+# busy WHAT [OUT] -- CMD...: runs CMD (its stdout and stderr to the file OUT
+# when given), saying every $SBX_SETUP_HEARTBEAT seconds (default 30) that
+# it still is WHAT, how long so far, and OUT's last line (what the command
+# itself last said), so a step that takes minutes is never silent. CMD's
+# status is busy's.
+busy() {
+    local what=$1 logf='' pid rc t0=$SECONDS n=0 every=${SBX_SETUP_HEARTBEAT:-30}
+    shift
+    if [ "$1" != -- ]; then logf=$1; shift; fi
+    shift
+    if [ -n "$logf" ]; then "$@" >"$logf" 2>&1 & else "$@" & fi
+    pid=$!
+    # A background command of a script ignores SIGINT: pass it on.
+    trap 'kill "$pid" 2>/dev/null; exit 130' INT TERM
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        n=$((n + 1))
+        if [ $((n % every)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then
+            local last=
+            [ -f "$logf" ] && [ -s "$logf" ] && last=$(tail -n 1 "$logf" | cut -c1-100)
+            log "still $what ($((SECONDS - t0))s)${last:+: $last}"
+        fi
+    done
+    wait "$pid" && rc=0 || rc=$?
+    trap - INT TERM
+    return "$rc"
+}
 
 with_images=1
 with_sdks=1
@@ -73,10 +100,13 @@ for p in "${packages[@]}"; do
     [ "$st" = "install ok installed" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    log "installing: ${missing[*]}"
+    log "packages: installing ${#missing[@]} (${missing[*]})"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    log "packages: apt-get update"
+    busy "updating the package lists" -- apt-get update -qq
+    log "packages: apt-get install (a few minutes on a fresh system)"
+    busy "installing ${#missing[@]} packages" /dev/null -- apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    log "packages: installed"
 else
     log "all ${#packages[@]} packages already installed"
 fi
@@ -153,15 +183,16 @@ fi
 # (@kubernetes/client-node) drives the Kubernetes stand-in.
 if [ "$with_sdks" -eq 1 ]; then
     if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-        log "installing nodejs and npm"
+        log "SDKs: installing nodejs and npm"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+        busy "updating the package lists" -- apt-get update -qq
+        busy "installing nodejs and npm" /dev/null -- apt-get install -y -qq --no-install-recommends nodejs npm
     fi
     sdk="$here/../tests/sdk"
     if [ ! -f "$sdk/node_modules/.package-lock.json" ] || [ "$sdk/package-lock.json" -nt "$sdk/node_modules/.package-lock.json" ]; then
-        log "installing the test SDKs (npm ci in tests/sdk)"
-        (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+        log "SDKs: installing the test SDKs (npm ci in tests/sdk)"
+        # shellcheck disable=SC2016  # $1 is the inner shell's
+        busy "installing the test SDKs" /dev/null -- sh -c 'cd "$1" && npm ci --no-audit --no-fund --loglevel=error' sh "$sdk"
     else
         log "test SDKs already installed"
     fi
@@ -169,6 +200,7 @@ fi
 
 # --- images -----------------------------------------------------------------
 if [ "$with_images" -eq 1 ]; then
+    log "images: sbx-busybox:latest and sbx-debian:12 (scripts/build-images.sh)"
     DOCKER_HOST="unix://$sock" "$here/build-images.sh" "${image_args[@]}"
 else
     log "skipping images (--no-images)"

@@ -540,6 +540,24 @@ local function fmt_time(s)
   return string.format("%d:%02d", math.floor(s / 60), math.floor(s % 60))
 end
 
+-- harness.error_reason(result) -> "code: message" for a result in "error"
+-- (its first line, cut at policy.harness.error_chars), or nil.
+function M.error_reason(r)
+  if r.status ~= "error" or (r.error == nil and r.code == nil) then return nil end
+  local msg = tostring(r.error or ""):match("^[^\n]*")
+  local max = lib().policy.harness.error_chars
+  if #msg > max then
+    -- Cut before a UTF-8 continuation byte, never inside a character.
+    local cut = max
+    while cut > 0 and (msg:byte(cut + 1) or 0) & 0xC0 == 0x80 do cut = cut - 1 end
+    msg = msg:sub(1, cut) .. "..."
+  end
+  if r.code and r.code ~= "" and msg:sub(1, #tostring(r.code) + 1) ~= tostring(r.code) .. ":" then
+    msg = tostring(r.code) .. ": " .. msg
+  end
+  return msg
+end
+
 -- harness.format_summary(summary) -> text: counts, rates, times, the slowest.
 function M.format_summary(s)
   local lines = {}
@@ -561,6 +579,14 @@ function M.format_summary(s)
   end
   add("%-12s %s", "wall time", fmt_time(s.wall_time))
   add("%-12s median %s, p90 %s", "task time", fmt_time(s.median), fmt_time(s.p90))
+  if s.error_list and #s.error_list > 0 then
+    add("errors:")
+    for _, r in ipairs(s.error_list) do add("  %-30s %s", tostring(r.id), M.error_reason(r) or "") end
+    local more = s.errors - #s.error_list
+    if more > 0 then
+      add("  ... and %d more%s", more, s.out and (" (every reason is in " .. tostring(s.out) .. ")") or "")
+    end
+  end
   if #s.slowest > 0 then
     add("slowest:")
     for _, r in ipairs(s.slowest) do
@@ -661,9 +687,13 @@ function M.run(opts)
 
   local function show_progress(r)
     local done = #results
+    local why = r.status == "error" and M.error_reason(r)
     if progress == "plain" then
-      err_out:write(string.format("[%d/%d] %s %s %s\n", done, total, tostring(r.id), r.status, fmt_time(r.duration)))
+      err_out:write(string.format("[%d/%d] %s %s %s%s\n", done, total, tostring(r.id), r.status, fmt_time(r.duration),
+        why and (": " .. why) or ""))
     elseif progress == "tty" then
+      -- An error's reason gets a line of its own above the live line.
+      if why then err_out:write(string.format("\r%s error: %s\27[K\n", tostring(r.id), why)) end
       local elapsed = sbx.now() - t_run0
       local rate = done / math.max(elapsed, 1e-3)
       local eta = rate > 0 and (total - done) / rate or nil
@@ -766,6 +796,10 @@ function M.run(opts)
   table.sort(by_time, function(a, b) return (a.duration or 0) > (b.duration or 0) end)
   local slowest = {}
   for i = 1, math.min(sbx.policy.harness.slowest, #by_time) do slowest[i] = by_time[i] end
+  local error_list = {}
+  for _, r in ipairs(results) do
+    if r.status == "error" and #error_list < lib().policy.harness.error_lines then error_list[#error_list + 1] = r end
+  end
   local ran = #results
   local summary = {
     total = #tasks,
@@ -782,6 +816,7 @@ function M.run(opts)
     median = percentile(durations, 0.5),
     p90 = percentile(durations, 0.9),
     slowest = slowest,
+    error_list = error_list,
     results = results,
     previous = previous,
     out = opts.out,

@@ -82,16 +82,22 @@ function M.serve(opts)
       else
         local ev = sbx.event()
         creating = ev
-        local ok, b, err
+        local ok, b, err, code
         if pool then
-          ok, b, err = pcall(pool.take, pool)
+          ok, b, err, code = pcall(pool.take, pool)
         else
-          ok, b, err = pcall(sbx.box, opts.box or {})
+          ok, b, err, code = pcall(sbx.box, opts.box or {})
         end
         creating = nil
         ev:set()
         if not ok then error(b, 0) end
-        if not b then return nil, err end   -- the next call tries again
+        if not b then
+          -- The client gets it as the call's result; whoever runs the
+          -- server (often only a log of its stderr) gets it too.
+          local why = (code and (tostring(code) .. ": ") or "") .. tostring(err)
+          io.stderr:write("sbx mcp: the sandbox could not be created: ", why, "\n")
+          return nil, why   -- the next call tries again
+        end
         box, tools = b, b:tools()
       end
     end

@@ -29,7 +29,11 @@ policy.box = {
   -- "auto": docker when a daemon answers, else local (no daemon needed);
   -- or "docker", "local", "fargate", "kubernetes".
   backend = "auto",
-  image = "debian:bookworm-slim",
+  -- One of the two images scripts/setup.sh builds (no registry needed):
+  -- Debian 12, as the former default debian:bookworm-slim was, with bash,
+  -- coreutils and apt (sbx-busybox:latest has no bash nor glibc).
+  -- Kubernetes and Fargate pull from a registry: name an image there.
+  image = "sbx-debian:12",
   workdir = "/work",            -- created by the daemon if the image lacks it
   memory = 1024 * MiB,          -- bytes; swap is disabled (MemorySwap = Memory)
   cpus = 1.0,                   -- CPU quota in cores
@@ -304,6 +308,12 @@ policy.harness = {
   concurrency = 4,              -- tasks at once when the caller gives none
   value_max = 4096,             -- bytes of a Lua check's return value kept in a result
   slowest = 5,                  -- tasks listed as the slowest in the summary
+  -- Tasks that ended in "error" (no box, a daemon failure, ...) are shown
+  -- with their reason: on their progress line (stderr) and in the
+  -- summary, at most error_lines of them there; each reason its first
+  -- line, cut at error_chars characters (--out keeps the whole text).
+  error_lines = 10,
+  error_chars = 300,
   -- Box options a task file may set. Task files are data, often a
   -- stranger's: numbers from a task may only lower the policy's values and
   -- its network may only be "none"; anything outside this list makes the
@@ -338,6 +348,35 @@ policy.harness = {
 -- stops at the signal at once.
 policy.scheduler = {
   slice = 1,
+}
+
+-- Progress of long steps (sbx.progress): an image's export from a daemon,
+-- its download from a registry, its unpacking into the cache. Lines with
+-- bytes and rate go to stderr (never stdout), so scripts and pipes that
+-- read stdout are unaffected.
+policy.progress = {
+  -- "auto": on a terminal from the start of a step; elsewhere only once a
+  -- step has run `after` seconds (a quick one says nothing). "always" (as
+  -- on a terminal) or "never".
+  mode = "auto",
+  after = 10,                   -- seconds a step runs before it speaks (not on a terminal)
+  interval = 1,                 -- seconds between a step's lines on a terminal
+  plain_interval = 10,          -- and elsewhere (logs)
+  -- The line for a step: p = { what, bytes, total (or nil), count, of (or
+  -- nil), seconds, rate (bytes/s or nil), done }.
+  format = function(p)
+    local size = require("sbx.progress").size
+    local parts = { size(p.bytes) }
+    if p.total and p.total > 0 then
+      parts[1] = string.format("%s of %s (%d%%)", size(p.bytes), size(p.total), math.floor(100 * math.min(1, p.bytes / p.total)))
+    end
+    if p.of then parts[#parts + 1] = string.format("%d/%d layers", p.count, p.of) end
+    local rate = p.rate and (size(p.rate) .. "/s") or "-"
+    if p.done then
+      return string.format("sbx: %s: done, %s in %.1f s (%s)", p.what, table.concat(parts, ", "), p.seconds, rate)
+    end
+    return string.format("sbx: %s: %s at %s, %.0f s", p.what, table.concat(parts, ", "), rate, p.seconds)
+  end,
 }
 
 -- Grading (sbx.harness, lua/sbx/grade.lua; docs/grading.md): where a

@@ -346,6 +346,15 @@ function Session:send(bytes)
   return true
 end
 
+-- A session that lives as long as its box (the agent's channel): core.drain
+-- (the end of `sbx run`) does not wait for its reader and resend timer, as
+-- task:unref; the box is closed after the drain, and the session with it.
+function Session:unref()
+  self.reader:unref()
+  self.timer:unref()
+  return self
+end
+
 function Session:wait(timeout)
   if not self.done:wait(timeout) then return nil end
   return self.result

@@ -164,20 +164,60 @@ local function ensure_image(d, image, pull, deadline)
   end
   local name, tag = image:match("^(.-):([%w][%w_.%-]*)$")
   if not name then name, tag = image, "latest" end
+  local timeout = M.seconds_left(deadline, pol().pull_timeout)
   local r, err = http.request {
     url = d.prefix .. "/images/create?fromImage=" .. urlq(name) .. "&tag=" .. urlq(tag),
-    method = "POST", unix_socket = d.unix_socket, timeout = M.seconds_left(deadline, pol().pull_timeout), body = "",
+    method = "POST", unix_socket = d.unix_socket, timeout = timeout, body = "", stream = true,
   }
   local failure
   if not r then failure = err
-  elseif r.status >= 300 then
-    local j = json.decode(r.body)
-    failure = type(j) == "table" and j.message or r.body
   else
-    -- A started pull reports later failures as a line with "error".
-    for line in r.body:gmatch("[^\r\n]+") do
-      local j = json.decode(line)
-      if type(j) == "table" and j.error then failure = j.error end
+    -- The daemon streams one JSON object a line: per layer, "Downloading"
+    -- with progressDetail { current, total } (sbx.progress shows their
+    -- sum); a started pull reports later failures as a line with "error".
+    local body <close> = r.body_stream
+    local meter = r.status < 300 and require("sbx.progress").start("pulling " .. image .. " (Docker daemon)")
+    local got, sizes, buf, all = {}, {}, "", {}
+    local function show()
+      local sum, total = 0, 0
+      for id, v in pairs(got) do sum, total = sum + v, total + (sizes[id] or v) end
+      meter:set(sum, total)
+    end
+    local function line_of(l)
+      local j = json.decode(l)
+      if type(j) ~= "table" then return end
+      if j.error then failure = j.error end
+      local pd = type(j.progressDetail) == "table" and j.progressDetail or {}
+      if j.status == "Downloading" and j.id and math.type(pd.current) then
+        got[j.id], sizes[j.id] = pd.current, math.type(pd.total) and pd.total or sizes[j.id]
+        show()
+      elseif j.status == "Download complete" and j.id and sizes[j.id] then
+        -- The last "Downloading" line may fall short of the layer's size.
+        got[j.id] = sizes[j.id]
+        show()
+      end
+    end
+    while true do
+      local chunk, rerr = body:read(timeout)
+      if not chunk then
+        if rerr ~= "eof" then failure = failure or rerr end
+        break
+      end
+      if meter then
+        buf = buf .. chunk
+        for l in buf:gmatch("([^\r\n]*)\r?\n") do line_of(l) end
+        buf = buf:match("[^\n]*$")
+      else
+        all[#all + 1] = chunk
+      end
+    end
+    if meter then
+      if buf ~= "" then line_of(buf) end
+      if not failure then meter:finish() end
+    else
+      local text = table.concat(all)
+      local j = json.decode(text)
+      failure = type(j) == "table" and j.message or text
     end
   end
   if failure then

@@ -946,13 +946,16 @@ local function run_agent(h, opts, args)
     end,
   }
   if not s then return nil, serr, scode end
+  -- The channel lives as long as the box: `sbx run` ends when its script
+  -- does, and closes the box after (the session's tasks do not hold it).
+  s:unref()
   h.sessions[s] = true
   core.spawn(function()
     local r = s:wait()
     h.sessions[s] = nil
     if r.reason == "closed" or r.reason == "cancelled" then sink:finish()
     else sink:finish(r.code or r.reason, r.message) end
-  end)
+  end):unref()
   ready:wait(math.max(0.001, opts.deadline - core.now()))
   local arch = said:match(AGENT_READY .. "([%w_]+)__\r?\n")
   local function fail(msg, c) s:close() return nil, msg, c or "agent_unavailable" end

@@ -880,7 +880,9 @@ local function run_agent(h, opts, args)
     capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 4096, tail = 0 } } }
   local said, placed = "", false
   local ready, go = core.event(), core.event()
-  core.spawn(function()
+  -- The channel's reader lives as long as the box: `sbx run` ends when its
+  -- script does, and closes the box after (task:unref).
+  local pump = core.spawn(function()
     local why
     while true do
       local ch, data, rcode = ex:recv()
@@ -917,6 +919,7 @@ local function run_agent(h, opts, args)
       else sink:finish("agent_lost", why or "the exec stream ended") end
     end
   end)
+  pump:unref()
   local function fail(msg, fcode) ex:close() return nil, msg, fcode or "agent_unavailable" end
   ready:wait(math.max(0.001, opts.deadline - core.now()))
   local arch = said:match(AGENT_READY .. "([%w_]+)__\n")

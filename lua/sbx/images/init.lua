@@ -64,6 +64,7 @@ local refs = require "sbx.images.ref"
 local cache_mod = require "sbx.images.cache"
 local sources = require "sbx.images.sources"
 local registry = require "sbx.images.registry"
+local progress = require "sbx.progress"
 
 local json, layer = core.json, core.layer
 
@@ -164,15 +165,19 @@ local function install(cache, pol, desc, source, names, stamp)
   local old = cache:image(desc.id)
   if not (old and cache:complete(old)) then
     local jobs = {}
+    local meter = progress.start("unpacking " .. tostring(names[1] or desc.id), { of = #desc.layers, pol = pol })
     for i, l in ipairs(desc.layers) do
       jobs[#jobs + 1] = function()
         local root, err, code = cache:ensure_layer(diff_ids[i], l.input)
         if not root then return nil, err, code end
+        local m = cache:layer_meta(diff_ids[i])
+        meter:step(m and tonumber(m.bytes) or 0)
         return true
       end
     end
     local err, code = run_bounded(jobs, pol.images.parallel)
     if err then return nil, err, code end
+    meter:finish()
   end
   local size = 0
   for _, d in ipairs(diff_ids) do
@@ -265,6 +270,8 @@ local function from_daemon(cache, pol, d)
       r and "daemon_unavailable" or hcode
   end
   local body <close> = r.body_stream
+  -- No total: the image's Size is its files, not the export's tar.
+  local meter = progress.start("exporting " .. d.canonical .. " from the Docker daemon", { pol = pol })
   local f, ferr = io.open(file, "wb")
   if not f then
     layer.remove(tmp)
@@ -286,7 +293,9 @@ local function from_daemon(cache, pol, d)
       layer.remove(tmp)
       return nil, "cannot write " .. file .. ": " .. tostring(werr), "io"
     end
+    meter:add(#chunk)
   end
+  meter:finish()
   local desc, derr, dcode = sources.docker_archive(file, d, pol.images, "docker-daemon:" .. d.canonical)
   if not desc then
     layer.remove(tmp)
@@ -309,7 +318,13 @@ local function from_registry(cache, pol, d, pull)
     end)
     return old
   end
-  return install(cache, pol, desc, "docker", { key })
+  local total = 0
+  for _, l in ipairs(desc.layers) do total = total + (l.size or 0) end
+  local meter = progress.start("downloading " .. key, { total = total > 0 and total or nil, pol = pol })
+  desc.on_bytes = function(n) meter:add(n) end
+  local rec, ierr, icode = install(cache, pol, desc, "docker", { key })
+  meter:finish()
+  return rec, ierr, icode
 end
 
 local function describe(r)

@@ -345,14 +345,15 @@ function Client:manifest(repo, reference)
 end
 
 --[[
-client:blob_to_file(repo, digest, size, path) -> bytes | nil, message, code
+client:blob_to_file(repo, digest, size, path [, on_bytes]) -> bytes | nil, message, code
   Writes the blob to path (created or truncated). A download that stalls
   for stall_timeout seconds or is cut is started again (the same attempts
   and backoff as any request); more bytes than size (when known) is
   refused at once. The digest itself is checked by whoever reads the file
-  (core.layer.unpack hashes while it unpacks).
+  (core.layer.unpack hashes while it unpacks). on_bytes(n) is called as
+  each chunk is written (progress).
 ]]
-function Client:blob_to_file(repo, digest, size, path)
+function Client:blob_to_file(repo, digest, size, path, on_bytes)
   local pol = self.pol
   local attempt = 0
   while true do
@@ -380,6 +381,7 @@ function Client:blob_to_file(repo, digest, size, path)
         f:close()
         return nil, "cannot write " .. path .. ": " .. tostring(werr), "io"
       end
+      if on_bytes then on_bytes(#chunk) end
     end
     f:close()
     if not failure then

@@ -113,15 +113,19 @@ function M.docker(d, pol)
     if not ok then return nil, string.format("registry %s: %s", d.domain, verr), vcode end
     return r.body
   end
+  local desc
   local function input_of(l)
     return function(tmp)
       local path = tmp .. "/blob"
-      local n, berr, bcode = c:blob_to_file(repo, l.digest, math.tointeger(l.size), path)
+      -- desc.on_bytes: whoever installs the image may count the bytes.
+      local n, berr, bcode = c:blob_to_file(repo, l.digest, math.tointeger(l.size), path,
+        function(k) if desc.on_bytes then desc.on_bytes(k) end end)
       if not n then return nil, berr, bcode end
       return { file = path, digest = l.digest, cleanup = function() os.remove(path) end }
     end
   end
-  local desc, derr, dcode = M.from_manifest(m.doc, get_blob, input_of)
+  local derr, dcode
+  desc, derr, dcode = M.from_manifest(m.doc, get_blob, input_of)
   if not desc then return nil, string.format("%s: %s", d.canonical, derr), dcode end
   desc.manifest, desc.manifest_bytes, desc.index = m.digest, m.body, index_digest
   return desc
