@@ -33,6 +33,9 @@ local json, layer = core.json, core.layer
 
 local M = {}
 
+-- Work this process did (sbx.images.stats()); kept across cache objects.
+M.stats = { fetches = 0, exports = 0, archives = 0, unpacks = 0 }
+
 local Cache = {}
 Cache.__index = Cache
 
@@ -172,6 +175,7 @@ function Cache:ensure_layer(diff_id, fetch)
     return nil, ferr, fcode
   end
   layer.mkdirs(tmp .. "/root", tonumber("755", 8))
+  M.stats.unpacks = M.stats.unpacks + 1
   local pol = self.pol
   local r, uerr, ucode = layer.unpack {
     file = input.file, root = input.root, member = input.member, dest = tmp .. "/root",

@@ -90,6 +90,47 @@ end
 
 local function exists(path) return layer.stat(path) ~= nil end
 
+--[[
+What this process did to the cache since it started (what tests and
+benchmarks count): { fetches = registry images fetched, exports = images
+exported from a daemon, archives = archives read, unpacks = layers
+unpacked }. images.stats() returns a copy.
+]]
+local stats = cache_mod.stats
+
+--[[
+fetch_turn(cache, key) -> turn, waited | nil, message, code
+  One fetch of an image name at a time: within this process the tasks that
+  need key wait for the one fetching it (an event each), across processes
+  a flock (locks/fetch-<hash>) does the same. waited: another fetched it
+  meanwhile, so the cache is to be looked at again before fetching. The
+  turn is a to-be-closed value: <close> ends it.
+]]
+local turns = {}
+local function fetch_turn(cache, key)
+  local k = cache.dir .. "\0" .. key
+  local waited = false
+  while turns[k] do
+    waited = true
+    turns[k]:wait()
+  end
+  local ev = core.event()
+  turns[k] = ev
+  local function over()
+    if turns[k] == ev then turns[k] = nil end
+    ev:set()
+  end
+  local name = "fetch-" .. layer.sha256(key):sub(8, 39)
+  local lock = layer.lock(cache.dir .. "/locks/" .. name .. ".lock", "ex")
+  if not lock then
+    waited = true
+    local err, code
+    lock, err, code = cache:lock(name, "ex")
+    if not lock then over() return nil, err, code end
+  end
+  return setmetatable({}, { __close = function() lock:close() over() end }), waited
+end
+
 local DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 -- The image config's runtime part, flattened for a backend.
@@ -254,6 +295,7 @@ local function from_daemon(cache, pol, d)
   end
   local tmp, terr, tcode = cache:tmpdir()
   if not tmp then return nil, terr, tcode end
+  stats.exports = stats.exports + 1
   local file = tmp .. "/image.tar"
   local r, herr, hcode = require("sbx.http").request {
     url = dm.prefix .. path .. "/get", unix_socket = dm.unix_socket, stream = true,
@@ -299,6 +341,7 @@ end
 
 local function from_registry(cache, pol, d, pull)
   local key = d.canonical
+  stats.fetches = stats.fetches + 1
   local desc, err, code = sources.docker(d, pol.images)
   if not desc then return nil, err, code end
   local old = cache:image(desc.id)
@@ -371,13 +414,25 @@ function M.resolve(ref, opts)
 
   if r.transport == "name" then
     local d = r.docker
-    if pull ~= "always" then
+    local function lookup()
       local best, bkey
       for _, k in ipairs { "docker-daemon:" .. d.canonical, d.canonical } do
         local found, entry = cached(cache, k)
         if found and (not best or (entry.time or 0) > best[2]) then best, bkey = { found, entry.time or 0 }, k end
       end
-      if best then return done(best[1], bkey) end
+      if best then return best[1], bkey end
+    end
+    if pull ~= "always" then
+      local found, k = lookup()
+      if found then return done(found, k) end
+    end
+    local turn <close>, waited, tcode = fetch_turn(cache, d.canonical)
+    if not turn then return nil, waited, tcode end
+    if waited then
+      -- Another task or process fetched it just now: that is the fetch
+      -- this one asked for, pull = "always" included.
+      local found, k = lookup()
+      if found then return done(found, k) end
     end
     local why = {}
     if ipol.daemon then
@@ -392,6 +447,7 @@ function M.resolve(ref, opts)
     -- by the bare name afterwards.
     local file = archive_for(ipol, d)
     if file then
+      stats.archives = stats.archives + 1
       local desc, aerr, acode = sources.docker_archive(file, d, ipol)
       if not desc then return nil, aerr, acode end
       local akey = "docker-archive:" .. file .. ":" .. d.canonical
@@ -413,7 +469,7 @@ function M.resolve(ref, opts)
   end
 
   key = r.key
-  if pull ~= "always" then
+  local function lookup()
     local found, entry = cached(cache, key)
     local stamp_ok = true
     if found and (r.transport == "docker-archive" or r.transport == "oci-archive") then
@@ -421,13 +477,23 @@ function M.resolve(ref, opts)
     elseif found and r.transport == "oci" then
       stamp_ok = entry.stamp == stamp_of(r.path, "index.json")
     end
-    if found and stamp_ok then return done(found, key) end
+    if found and stamp_ok then return found end
+  end
+  if pull ~= "always" then
+    local found = lookup()
+    if found then return done(found, key) end
+  end
+  if r.transport == "docker" and pull == "never" then
+    return nil, string.format("image %s is not in the cache and pull = \"never\"", r.docker.canonical), "not_cached"
+  end
+  local turn <close>, waited, tcode = fetch_turn(cache, key)
+  if not turn then return nil, waited, tcode end
+  if waited then
+    local found = lookup()
+    if found then return done(found, key) end
   end
 
   if r.transport == "docker" then
-    if pull == "never" then
-      return nil, string.format("image %s is not in the cache and pull = \"never\"", r.docker.canonical), "not_cached"
-    end
     rec, err, code = from_registry(cache, pol, r.docker, pull)
   elseif r.transport == "docker-daemon" then
     rec, err, code = from_daemon(cache, pol, r.docker)
@@ -437,10 +503,12 @@ function M.resolve(ref, opts)
     if r.transport == "docker-archive" then
       stamp = stamp_of(r.path)
       if not stamp then return nil, string.format("%s: no such file", describe(r)), "not_found" end
+      stats.archives = stats.archives + 1
       desc, err, code = sources.docker_archive(r.path, r.name, ipol)
     elseif r.transport == "oci-archive" then
       stamp = stamp_of(r.path)
       if not stamp then return nil, string.format("%s: no such file", describe(r)), "not_found" end
+      stats.archives = stats.archives + 1
       desc, err, code = sources.oci_archive(r, ipol)
     else
       stamp = stamp_of(r.path, "index.json")
@@ -613,6 +681,14 @@ function M.prune(opts)
   local cache, err, code = cache_mod.open(pol.images)
   if not cache then return nil, err, code end
   return cache:collect { max_bytes = opts.max_bytes or pol.images.max_bytes, wait = pol.images.lock_timeout }
+end
+
+-- images.stats() -> { fetches, exports, archives, unpacks }: this process's
+-- work on the cache so far (see `stats` above).
+function M.stats()
+  local c = {}
+  for k, v in pairs(stats) do c[k] = v end
+  return c
 end
 
 -- The cache's directory (policy.images.dir or the XDG default).
