@@ -64,8 +64,9 @@ local refs = require "sbx.images.ref"
 local cache_mod = require "sbx.images.cache"
 local sources = require "sbx.images.sources"
 local registry = require "sbx.images.registry"
+local validate = require "sbx.images.validate"
 
-local json, layer = core.json, core.layer
+local layer = core.layer
 
 local M = {}
 
@@ -133,19 +134,6 @@ end
 
 local DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
--- The image config's runtime part, flattened for a backend.
-local function flat_config(doc)
-  local c = type(doc.config) == "table" and doc.config or {}
-  local out = {}
-  for _, k in ipairs { "Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts", "Volumes", "StopSignal" } do
-    if c[k] ~= nil and c[k] ~= json.null then out[k] = c[k] end
-  end
-  out.Architecture = doc.architecture
-  out.Os = doc.os
-  out.Variant = doc.variant
-  return out
-end
-
 -- The image table a caller gets from a record.
 local function image_of(cache, rec, key)
   local layers = {}
@@ -186,18 +174,12 @@ install(cache, pol, desc, source, names) -> record | nil, message, code
   the blobs, the record, and names -> id.
 ]]
 local function install(cache, pol, desc, source, names, stamp)
-  local doc = json.decode(desc.config_bytes)
-  if type(doc) ~= "table" or type(doc.rootfs) ~= "table" or type(doc.rootfs.diff_ids) ~= "table" then
-    return nil, "the image config has no rootfs.diff_ids: not a container image", "bad_image"
-  end
+  -- Every field a backend reads is checked here, at import.
+  local doc, flat, vcode = validate.config(desc.config_bytes)
+  if not doc then return nil, flat, vcode end
   local diff_ids = doc.rootfs.diff_ids
   if #diff_ids ~= #desc.layers then
     return nil, string.format("the config lists %d layers, the manifest %d", #diff_ids, #desc.layers), "bad_image"
-  end
-  for i, d in ipairs(diff_ids) do
-    if type(d) ~= "string" or not d:match("^sha256:%x+$") or #d ~= 71 then
-      return nil, string.format("diff id %d of the config is not a sha256 digest", i), "bad_image"
-    end
   end
   cache:clean_tmp()
   local gc <close>, gerr, gcode = cache:lock("gc", "sh")
@@ -223,7 +205,7 @@ local function install(cache, pol, desc, source, names, stamp)
   local arch = doc.architecture and (tostring(doc.os or "linux") .. "/" .. doc.architecture .. (doc.variant and ("/" .. doc.variant) or "")) or nil
   local rec = {
     id = desc.id, manifest = desc.manifest, index = desc.index, source = source,
-    layers = diff_ids, config = flat_config(doc), size = size, platform = arch,
+    layers = diff_ids, config = flat, size = size, platform = arch,
     created = doc.created, pulled = os.time(),
   }
   cache:put_blob(desc.id, desc.config_bytes)

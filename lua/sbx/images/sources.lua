@@ -13,6 +13,7 @@
 local core = require "sbx.core"
 local registry = require "sbx.images.registry"
 local refs = require "sbx.images.ref"
+local validate = require "sbx.images.validate"
 
 local json, layer = core.json, core.layer
 
@@ -283,10 +284,12 @@ function M.docker_archive(path, name, pol, label)
   if not scan then return nil, string.format("%s: %s", label, err), code end
   local _, resolve = members(scan)
   local mkey = resolve("manifest.json")
-  local manifest = mkey and json.decode(scan.files[mkey] or "")
-  if type(manifest) ~= "table" or #manifest == 0 then
-    return nil, label .. ": no manifest.json: not a docker save archive", "bad_image"
+  if not mkey then return nil, label .. ": no manifest.json: not a docker save archive", "bad_image" end
+  if not scan.files[mkey] then
+    return nil, string.format("%s: manifest.json is larger than %d bytes", label, pol.max_manifest_bytes), "too_large"
   end
+  local manifest, merr, mcode = validate.docker_manifest(scan.files[mkey])
+  if not manifest then return nil, label .. ": " .. merr, mcode end
   local pick, tags = nil, {}
   for _, m in ipairs(manifest) do
     for _, t in ipairs(type(m) == "table" and type(m.RepoTags) == "table" and m.RepoTags or {}) do

@@ -1,0 +1,145 @@
+-- Importing images a stranger made: pull = "never" never reaches a
+-- registry (a loopback listener counts every connection); an image config
+-- with mistyped fields and a garbage manifest.json fail at import, naming
+-- what is wrong; gzip bombs stop at policy.images.max_image_bytes and the
+-- cache's max_bytes while they unpack, leaving nothing half made; a hard
+-- link to a file of a lower layer works.
+local sbx = require "sbx"
+local t = require "tap"
+local H = require "helper"
+local IH = require "images_helper"
+local images = require "sbx.images"
+
+local layer = sbx.core.layer
+local q = IH.q
+
+-- A docker save archive from a spec (tests/images_crafted.py).
+local function crafted(spec)
+  local path = IH.tmpdir("crafted") .. "/image.tar"
+  local out, rc = H.sh(string.format("%s tests/images_crafted.py %s %s", IH.python, q(path), q(sbx.json.encode(spec))))
+  assert(rc == 0, out)
+  return path
+end
+
+local BASE = { { name = "bin", type = "dir" }, { name = "bin/hello", data = "hello\n" } }
+
+-- pull = "never" ---------------------------------------------------------------------------
+
+do
+  -- A listener that writes a line for every connection it accepts.
+  local log = os.tmpname()
+  -- It ends with this process (it looks every half second).
+  local p = io.popen(string.format([[%s -c '
+import socket, sys, os
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(64); s.settimeout(0.5)
+print(s.getsockname()[1], os.getpid(), flush=True)
+while True:
+    try:
+        os.kill(int(sys.argv[2]), 0)
+    except OSError:
+        break
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    with open(sys.argv[1], "a") as f: f.write("x\n")
+    c.close()
+' %s %d > %s.port &]], IH.python, q(log), sbx.core.pid(), q(log)))
+  p:close()
+  local port, pid
+  for _ = 1, 200 do
+    local f = io.open(log .. ".port")
+    local line = f and f:read("l")
+    if f then f:close() end
+    if line then port, pid = line:match("^(%d+) (%d+)") end
+    if port then break end
+    sbx.sleep(0.05)
+  end
+  port, pid = tonumber(port), tonumber(pid)
+  os.remove(log .. ".port")
+  assert(port and pid, "the listener did not start")
+  local function connections()
+    local f = io.open(log)
+    local n = 0
+    if f then for _ in f:lines() do n = n + 1 end f:close() end
+    return n
+  end
+  local function pol()
+    return { images = { dir = IH.tmpdir("never") .. "/images", archives = {}, daemon = false, max_attempts = 1,
+                        hub = { registry = "http://127.0.0.1:" .. port } } }
+  end
+  local name = "127.0.0.1:" .. port .. "/nothing/here:1"
+  -- The local backend, as a box option and as the policy's box.pull.
+  local box, err, code = sbx.box { backend = "local", image = name, pull = "never", policy = pol() }
+  t.ok(not box and code == "image_unavailable" and err:find("not_cached") and err:find("never"),
+    "local box, pull = \"never\", an image the cache lacks: refused", tostring(err))
+  local p2 = pol()
+  p2.box = { pull = "never" }
+  box, err = sbx.box { backend = "local", image = "nothing-here-" .. sbx.core.pid() .. ":1", policy = p2 }
+  t.ok(not box and err:find("never"), "policy.box.pull = \"never\", a bare name: refused", tostring(err))
+  local r, rerr, rcode = images.resolve("docker://" .. name, { policy = IH.policy(pol()), pull = "never" })
+  t.ok(not r and rcode == "not_cached", "images.resolve docker:// with pull = \"never\": not_cached", tostring(rerr))
+  t.is(connections(), 0, "no connection reached the registry")
+  -- The control: the listener does count what pull = "missing" sends.
+  box = sbx.box { backend = "local", image = name, pull = "missing", policy = pol() }
+  t.ok(not box and connections() >= 1, "with pull = \"missing\" the registry is asked (the listener counts it)")
+  os.execute("kill " .. pid)
+  os.remove(log)
+end
+
+-- Image configs and manifests ---------------------------------------------------------------
+
+local function import(path, extra)
+  local overlay = { dir = IH.tmpdir("import") .. "/images" }
+  for k, v in pairs(extra or {}) do overlay[k] = v end
+  local pol = IH.cache_policy(overlay)
+  local img, err, code = images.resolve("docker-archive:" .. path, { policy = pol })
+  return img, err, code, pol.images.dir
+end
+
+for _, case in ipairs {
+  { { User = { 0 } }, "User is an array" },
+  { { User = { name = "x" } }, "User is an object" },
+  { { WorkingDir = 7 }, "WorkingDir is a number" },
+  { { Env = { "A=1", 2 } }, "Env[2] is a number" },
+  { { Env = "PATH=/bin" }, "Env is a string" },
+  { { Cmd = { true } }, "Cmd[1] is a boolean" },
+  { { Entrypoint = 5 }, "Entrypoint is a number" },
+  { { Labels = { a = 1 } }, "label a is a number" },
+} do
+  local img, err, code, dir = import(crafted { layers = { BASE }, config = case[1] })
+  t.ok(not img and code == "bad_image" and err:find(case[2], 1, true),
+    "a config whose " .. case[2] .. ": refused at import", tostring(err))
+  t.is(#IH.ls(dir .. "/images"), 0, "  and nothing recorded")
+end
+do
+  -- Through a local box: the error names the field at create, not at the
+  -- first command.
+  local path = crafted { layers = { BASE }, config = { User = { 0 } } }
+  local box, err = sbx.box { backend = "local", image = "docker-archive:" .. path,
+    policy = { images = { dir = IH.tmpdir("box") .. "/images" } } }
+  t.ok(not box and err:find("User is an array", 1, true), "a local box from it fails at create naming User", tostring(err))
+  local img = import(crafted { layers = { BASE }, config = { User = "1000:1000", WorkingDir = "/bin" } })
+  t.ok(img and img.config.User == "1000:1000" and img.config.WorkingDir == "/bin", "well-typed fields import")
+end
+for _, case in ipairs {
+  { "{not json", "manifest.json is malformed" },
+  { "\0\1\2garbage", "manifest.json is malformed" },
+  { "", "manifest.json is malformed" },
+  { "{}", "manifest.json is an object, not a list" },
+  { "[]", "an empty array" },
+  { "[1]", "entry 1 is a number" },
+  { '[{"Config": 5, "Layers": []}]', "Config is a number" },
+  { '[{"Config": "c.json", "Layers": [1]}]', "Layers[1] is a number" },
+} do
+  local img, err, code = import(crafted { layers = { BASE }, manifest_raw = case[1] })
+  t.ok(not img and code == "bad_image" and err:find(case[2], 1, true) and not err:find("no manifest"),
+    string.format("manifest.json %q: %s", case[1]:sub(1, 20), case[2]), tostring(err))
+end
+do
+  local img, err, code = import(crafted { layers = { BASE }, config_raw = "{\"rootfs\": " })
+  t.ok(not img and code == "bad_image" and err:find("image config is malformed", 1, true), "a garbage config: malformed", tostring(err))
+end
+
+IH.cleanup()
+t.done()
