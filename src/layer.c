@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,101 @@ fail(struct unpack *u, const char *code, const char *fmt, ...)
   vsnprintf(u->r->message, sizeof u->r->message, fmt, ap);
   va_end(ap);
   return -1;
+}
+
+/* ---------------------------------------------------------------- budgets */
+
+struct sbx_layer_budget {
+  _Atomic uint64_t used;
+  _Atomic int refs;
+  _Atomic int over;
+  uint64_t limit;
+  char message[SBX_LAYER_MSG / 2];
+};
+
+struct sbx_layer_budget *
+sbx_layer_budget_new(uint64_t limit, const char *message)
+{
+  struct sbx_layer_budget *b = calloc(1, sizeof *b);
+  if (!b)
+    return NULL;
+  atomic_init(&b->used, 0);
+  atomic_init(&b->refs, 1);
+  atomic_init(&b->over, 0);
+  b->limit = limit;
+  snprintf(b->message, sizeof b->message, "%s", message ? message : "over its budget");
+  return b;
+}
+
+void
+sbx_layer_budget_ref(struct sbx_layer_budget *b)
+{
+  atomic_fetch_add(&b->refs, 1);
+}
+
+void
+sbx_layer_budget_unref(struct sbx_layer_budget *b)
+{
+  if (b && atomic_fetch_sub(&b->refs, 1) == 1)
+    free(b);
+}
+
+uint64_t
+sbx_layer_budget_used(const struct sbx_layer_budget *b)
+{
+  return atomic_load(&b->used);
+}
+
+uint64_t
+sbx_layer_budget_limit(const struct sbx_layer_budget *b)
+{
+  return b->limit;
+}
+
+int
+sbx_layer_budget_over(const struct sbx_layer_budget *b)
+{
+  return atomic_load(&b->over);
+}
+
+/* Takes n bytes from one budget, or none when they do not fit. */
+static int
+take(struct sbx_layer_budget *b, uint64_t n)
+{
+  uint64_t cur = atomic_load(&b->used);
+  do {
+    if (n > b->limit || cur > b->limit - n) {
+      atomic_store(&b->over, 1);
+      return -1;
+    }
+  } while (!atomic_compare_exchange_weak(&b->used, &cur, cur + n));
+  return 0;
+}
+
+/* Charges n bytes for the entry path to every budget, or to none. */
+static int
+charge(struct unpack *u, uint64_t n, const char *path)
+{
+  int i, j;
+  for (i = 0; i < SBX_LAYER_BUDGETS; i++) {
+    struct sbx_layer_budget *b = u->o->budgets[i];
+    if (!b)
+      continue;
+    if (take(b, n) != 0) {
+      for (j = 0; j < i; j++)
+        if (u->o->budgets[j])
+          atomic_fetch_sub(&u->o->budgets[j]->used, n);
+      return fail(u, "too_large", "%.300s: %s", path, b->message);
+    }
+  }
+  return 0;
+}
+
+/* What a file of size bytes may take on disk. */
+static uint64_t
+blocks_of(uint64_t size)
+{
+  return size > UINT64_MAX - 4095 ? UINT64_MAX : (size + 4095) & ~(uint64_t)4095;
 }
 
 /* ---------------------------------------------------------------- paths */
@@ -350,6 +446,8 @@ write_file(struct unpack *u, int dfd, const char *leaf, const char *path, struct
   if ((uint64_t)declared > u->o->max_bytes - u->r->bytes)
     return fail(u, "too_large", "%s declares %lld bytes: more than the layer may hold (%llu bytes, policy.images.max_layer_bytes)",
                 path, (long long)declared, (unsigned long long)u->o->max_bytes);
+  if (charge(u, blocks_of((uint64_t)declared), path) != 0)
+    return -1;
   fd = openat(dfd, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return fail(u, "io", "cannot create %s: %s", path, strerror(errno));
@@ -501,6 +599,8 @@ apply_entry(struct unpack *u, struct archive_entry *e)
     goto no_parent;
   switch (type) {
   case AE_IFDIR:
+    if (!kept && charge(u, 4096, name) != 0)
+      return -1;
     if (!kept && mkdirat(dfd, leaf, 0700) != 0)
       return fail(u, "io", "cannot make the directory %s: %s", name, strerror(errno));
     set_owner(u, dfd, leaf, e);

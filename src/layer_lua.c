@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #define LOCK_MT "sbx.layer.lock"
+#define BUDGET_MT "sbx.layer.budget"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -148,6 +149,8 @@ job_free(struct job *j)
   free(j->dest);
   free(j->digest);
   free(j->diff_id);
+  for (i = 0; i < SBX_LAYER_BUDGETS; i++)
+    sbx_layer_budget_unref(j->o.budgets[i]);
   free(j);
 }
 
@@ -416,7 +419,7 @@ is_digest(const char *s)
 /*
 ** layer.unpack{ file =, root =, member =, dest =, digest =, diff_id =,
 **   max_bytes =, max_entries =, devices = "refuse"|"skip", whiteouts =,
-**   chown = } -> { bytes, disk, entries, whiteouts, skipped, raw_bytes,
+**   chown =, budgets = { layer.budget, ... } } -> { bytes, disk, entries, whiteouts, skipped, raw_bytes,
 **   digest, diff_id } | nil, message, code
 ** Unpacks the blob at file (inside root when given: resolved as if root
 ** were "/"; or the tar member named member of that file) into the
@@ -449,6 +452,30 @@ layer_unpack(lua_State *L)
   }
   j->o.max_bytes = opt_size(L, 1, "max_bytes", UINT64_MAX);
   j->o.max_entries = opt_size(L, 1, "max_entries", UINT64_MAX);
+  if (lua_getfield(L, 1, "budgets") == LUA_TTABLE) {
+    int i, n = (int)luaL_len(L, -1);
+    if (n > SBX_LAYER_BUDGETS) {
+      job_free(j);
+      return luaL_error(L, "layer.unpack: at most %d budgets", SBX_LAYER_BUDGETS);
+    }
+    for (i = 0; i < n; i++) {
+      struct sbx_layer_budget **b;
+      lua_rawgeti(L, -1, i + 1);
+      b = luaL_testudata(L, -1, BUDGET_MT);
+      if (!b || !*b) {
+        job_free(j);
+        return luaL_error(L, "layer.unpack: budgets must hold layer.budget values");
+      }
+      sbx_layer_budget_ref(*b);
+      j->o.budgets[i] = *b;
+      lua_pop(L, 1);
+    }
+  }
+  else if (!lua_isnil(L, -1)) {
+    job_free(j);
+    return luaL_error(L, "layer.unpack: budgets must be a list");
+  }
+  lua_pop(L, 1);
   lua_getfield(L, 1, "devices");
   devices = luaL_optstring(L, -1, "refuse");
   if (strcmp(devices, "refuse") != 0 && strcmp(devices, "skip") != 0) {
@@ -854,7 +881,86 @@ static const luaL_Reg lock_meta[] = {
   { NULL, NULL }
 };
 
+/* ---------------------------------------------------------------- budgets */
+
+/*
+** layer.budget(limit, message) -> budget: bytes that the unpacks given it
+** (unpack's budgets) share, message the error of the one that would pass
+** limit (layer.h). budget:used(), budget:limit(), budget:over() (a charge
+** did not fit).
+*/
+static int
+layer_budget(lua_State *L)
+{
+  lua_Integer limit = luaL_checkinteger(L, 1);
+  const char *message = luaL_checkstring(L, 2);
+  struct sbx_layer_budget **ud;
+  luaL_argcheck(L, limit >= 0, 1, "a budget is >= 0 bytes");
+  ud = lua_newuserdatauv(L, sizeof *ud, 0);
+  *ud = NULL;
+  luaL_setmetatable(L, BUDGET_MT);
+  *ud = sbx_layer_budget_new((uint64_t)limit, message);
+  if (!*ud)
+    return luaL_error(L, "out of memory");
+  return 1;
+}
+
+static struct sbx_layer_budget *
+check_budget(lua_State *L)
+{
+  struct sbx_layer_budget **ud = luaL_checkudata(L, 1, BUDGET_MT);
+  if (!*ud)
+    luaL_error(L, "attempt to use a released budget");
+  return *ud;
+}
+
+static int
+budget_used(lua_State *L)
+{
+  lua_pushinteger(L, (lua_Integer)sbx_layer_budget_used(check_budget(L)));
+  return 1;
+}
+
+static int
+budget_limit(lua_State *L)
+{
+  lua_pushinteger(L, (lua_Integer)sbx_layer_budget_limit(check_budget(L)));
+  return 1;
+}
+
+static int
+budget_over(lua_State *L)
+{
+  lua_pushboolean(L, sbx_layer_budget_over(check_budget(L)));
+  return 1;
+}
+
+/* __gc: lets go of this reference (a job still running keeps its own). */
+static int
+budget_gc(lua_State *L)
+{
+  struct sbx_layer_budget **ud = luaL_checkudata(L, 1, BUDGET_MT);
+  struct sbx_layer_budget *b = *ud;
+  *ud = NULL;
+  sbx_layer_budget_unref(b);
+  return 0;
+}
+
+static const luaL_Reg budget_methods[] = {
+  { "used", budget_used },
+  { "limit", budget_limit },
+  { "over", budget_over },
+  { NULL, NULL }
+};
+
+static const luaL_Reg budget_meta[] = {
+  { "__gc", budget_gc },
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
 static const luaL_Reg layer_funcs[] = {
+  { "budget", layer_budget },
   { "unpack", layer_unpack },
   { "remove", layer_remove },
   { "scan", layer_scan },
@@ -877,6 +983,11 @@ sbx_open_layer(lua_State *L)
   luaL_newmetatable(L, LOCK_MT);
   luaL_setfuncs(L, lock_meta, 0);
   luaL_newlib(L, lock_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, BUDGET_MT);
+  luaL_setfuncs(L, budget_meta, 0);
+  luaL_newlib(L, budget_methods);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
   luaL_newlib(L, layer_funcs);

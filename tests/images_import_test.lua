@@ -141,5 +141,80 @@ do
   t.ok(not img and code == "bad_image" and err:find("image config is malformed", 1, true), "a garbage config: malformed", tostring(err))
 end
 
+-- Gzip bombs ---------------------------------------------------------------------------------
+
+local MiB = 1024 * 1024
+
+-- An image of n layers, each a file of mib MiB of zeros (a few KiB gzipped).
+local function bombs(n, mib, tag)
+  local layers = {}
+  for i = 1, n do
+    layers[i] = { { name = "z" .. i, type = "dir" }, { name = string.format("z%d/%s-%d", i, tag or "bomb", i), zeros = mib * MiB } }
+  end
+  return crafted { layers = layers, gzip = true }
+end
+
+-- Nothing of a failed import: no layer, no record, no scratch space.
+local function empty(dir)
+  return #IH.ls(dir .. "/layers/sha256") == 0 and #IH.ls(dir .. "/images") == 0 and #IH.ls(dir .. "/tmp") == 0
+end
+
+local function cache_size(dir)
+  local n = 0
+  for _, h in ipairs(IH.ls(dir .. "/layers/sha256")) do
+    local out = H.sh("du -sb --apparent-size " .. q(dir .. "/layers/sha256/" .. h .. "/root"))
+    n = n + (tonumber(out:match("^(%d+)")) or 0)
+  end
+  return n
+end
+
+do
+  local path = bombs(4, 8)
+  local st = layer.stat(path)
+  t.ok(st.size < 1 * MiB, string.format("four 8 MiB layers in a %d-byte archive", st.size))
+  local img, err, code, dir = import(path, { max_image_bytes = 20 * MiB, max_layer_bytes = 64 * MiB, parallel = 1 })
+  t.ok(not img and code == "too_large" and err:find("policy.images.max_image_bytes", 1, true),
+    "the image stops at max_image_bytes", tostring(err))
+  t.ok(empty(dir), "and the cache holds nothing of it", table.concat(IH.ls(dir .. "/layers/sha256"), " "))
+  -- All layers at once share the one budget.
+  img, err, code, dir = import(path, { max_image_bytes = 20 * MiB, max_layer_bytes = 64 * MiB, parallel = 4 })
+  t.ok(not img and code == "too_large" and err:find("max_image_bytes", 1, true), "unpacked in parallel too", tostring(err))
+  t.ok(empty(dir), "  nothing left")
+  -- One layer past the image's limit is stopped while it unpacks (its
+  -- file is refused before a byte of it is written).
+  img, err, code, dir = import(bombs(1, 48), { max_image_bytes = 20 * MiB, max_layer_bytes = 64 * MiB })
+  t.ok(not img and code == "too_large" and err:find("max_image_bytes", 1, true), "one 48 MiB layer, a 20 MiB image limit", tostring(err))
+  t.ok(empty(dir), "  nothing left")
+  img = import(path, { max_image_bytes = 40 * MiB, max_layer_bytes = 64 * MiB })
+  t.ok(img and #img.layers == 4, "under a larger limit the same image imports")
+end
+
+do
+  -- The cache's own limit, counted while importing: an image bigger than
+  -- the whole cache stops at max_bytes.
+  local img, err, code, dir = import(bombs(3, 8), { max_bytes = 12 * MiB })
+  t.ok(not img and code == "too_large" and err:find("policy.images.max_bytes", 1, true),
+    "an image larger than the cache stops at max_bytes", tostring(err))
+  t.ok(empty(dir), "  nothing left")
+  -- An older image nobody holds makes room; one a box holds does not.
+  local pol = IH.cache_policy { max_bytes = 20 * MiB }
+  local a = assert(images.resolve("docker-archive:" .. bombs(1, 12, "a"), { policy = pol, hold = true }))
+  local b, berr = images.resolve("docker-archive:" .. bombs(1, 12, "b"), { policy = pol })
+  t.ok(not b and berr:find("max_bytes", 1, true), "a held 12 MiB image + another 12 MiB in 20 MiB: refused", tostring(berr))
+  t.ok(layer.stat(a.layers[1]), "  the held image stays")
+  t.ok(cache_size(pol.images.dir) <= 20 * MiB, "  and the cache stayed under max_bytes")
+  a.lease:close()
+  b, berr = images.resolve("docker-archive:" .. bombs(1, 12, "b"), { policy = pol })
+  t.ok(b, "released, the older image makes room for the new one", tostring(berr))
+  t.ok(not layer.stat(a.layers[1]), "  (the older one is gone)")
+  t.ok(cache_size(pol.images.dir) <= 20 * MiB, string.format("  the cache holds %d bytes <= max_bytes", cache_size(pol.images.dir)))
+end
+
+-- The knob is checked like the others.
+do
+  local ok, perr = sbx.policy_check.policy { images = { max_image_bytes = 0 } }
+  t.ok(not ok and tostring(perr):find("max_image_bytes"), "policy.images.max_image_bytes must be > 0", tostring(perr))
+end
+
 IH.cleanup()
 t.done()

@@ -157,10 +157,11 @@ cache:ensure_layer(diff_id, fetch) -> root, meta | nil, message, code
   The layer's directory, unpacked first when the cache lacks it. fetch(tmp)
   -> input | nil, message, code gives what to unpack: { file, member, root,
   digest, cleanup } (core.layer.unpack's options, cleanup called after);
+  budgets: core.layer.budget values the unpack is charged to;
   tmp is a scratch directory for a download. Only one process unpacks a
   layer; the others wait for it (policy.images.lock_timeout).
 ]]
-function Cache:ensure_layer(diff_id, fetch)
+function Cache:ensure_layer(diff_id, fetch, budgets)
   local have = self:layer_root(diff_id)
   if have then return have end
   local lock <close>, lerr, lcode = self:lock("layer-" .. hex(diff_id), "ex")
@@ -181,7 +182,7 @@ function Cache:ensure_layer(diff_id, fetch)
     file = input.file, root = input.root, member = input.member, dest = tmp .. "/root",
     digest = input.digest, diff_id = diff_id,
     max_bytes = pol.max_layer_bytes, max_entries = pol.max_layer_entries,
-    devices = pol.device_nodes,
+    devices = pol.device_nodes, budgets = budgets,
   }
   if input.cleanup then input.cleanup() end
   if not r then

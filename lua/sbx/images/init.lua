@@ -146,6 +146,7 @@ local function image_of(cache, rec, key)
 end
 
 -- Runs fns at most n at a time; -> the first failure (message, code) or nil.
+local unpack_layers
 local function run_bounded(fns, n)
   local sbx = require "sbx"
   local sem = sbx.semaphore(n)
@@ -168,6 +169,89 @@ local function run_bounded(fns, n)
   return nil
 end
 
+local MiB = 1024 * 1024
+
+-- A guess of the disk the layers the cache lacks will take: what they
+-- weigh (4x when compressed; an uncompressed docker save layer as it is).
+local function estimate(cache, desc, diff_ids)
+  local n = 0
+  for i, l in ipairs(desc.layers) do
+    if not cache:layer_root(diff_ids[i]) and l.size then
+      local compressed = not l.media_type or l.media_type:find("gzip") or l.media_type:find("zstd")
+      if l.uncompressed then compressed = false end
+      n = n + l.size * (compressed and 4 or 1)
+    end
+  end
+  return n
+end
+
+--[[
+unpack_layers(cache, ipol, desc, diff_ids) -> gc lock | nil, message, code
+  Unpacks the layers of desc the cache lacks, policy.images.parallel at a
+  time, under two budgets every file and directory is charged to before
+  it is written (core.layer.budget): the image's (max_image_bytes less
+  the layers it already has in the cache) and the cache's room
+  (max_bytes less what the cache holds). Before, the least recently used
+  images no box holds go until the likely size fits; when the cache's
+  budget still runs out, every image no box holds goes and it is tried
+  once more. A failure leaves no layer of this import behind (a collect,
+  when no other import is under way). Success: the gc lock (shared) that
+  keeps the new layers until the image is recorded.
+]]
+function unpack_layers(cache, ipol, desc, diff_ids)
+  local have = 0
+  for _, d in ipairs(diff_ids) do
+    local m = cache:layer_root(d) and cache:layer_meta(d)
+    if m then have = have + (tonumber(m.disk) or 0) end
+  end
+  if have > ipol.max_image_bytes then
+    return nil, string.format("the image's layers take %d bytes: more than policy.images.max_image_bytes (%d)",
+      have, ipol.max_image_bytes), "too_large"
+  end
+  local want = math.min(estimate(cache, desc, diff_ids), ipol.max_image_bytes - have)
+  if cache:size() + want > ipol.max_bytes then
+    cache:collect { max_bytes = math.max(0, ipol.max_bytes - want), keep = { [desc.id] = true }, wait = 0 }
+  end
+  local function attempt()
+    local gc, gerr, gcode = cache:lock("gc", "sh")
+    if not gc then return nil, gerr, gcode end
+    local image = layer.budget(ipol.max_image_bytes - have,
+      string.format("the image unpacks to more than %d bytes (%.0f MiB, policy.images.max_image_bytes)",
+        ipol.max_image_bytes, ipol.max_image_bytes / MiB))
+    local used = cache:size()
+    local room = layer.budget(math.max(0, ipol.max_bytes - used),
+      string.format("the image cache would pass %d bytes (%.0f MiB, policy.images.max_bytes; %d in use)",
+        ipol.max_bytes, ipol.max_bytes / MiB, used))
+    local jobs = {}
+    for i, l in ipairs(desc.layers) do
+      jobs[#jobs + 1] = function()
+        local root, err, code = cache:ensure_layer(diff_ids[i], l.input, { image, room })
+        if not root then return nil, err, code end
+        return true
+      end
+    end
+    local err, code = run_bounded(jobs, ipol.parallel)
+    if err then
+      gc:close()
+      return nil, err, code, room:over() and not image:over()
+    end
+    return gc
+  end
+  local gc, err, code, full = attempt()
+  if not gc and full then
+    -- The cache was full of images nobody holds: they go, and once more.
+    local report = cache:collect { max_bytes = 0, keep = { [desc.id] = true }, wait = 0 }
+    if report and #report.images > 0 then gc, err, code = attempt() end
+  end
+  if not gc then
+    -- Layers this import finished are no image's: gone, unless another
+    -- import (which may share them) is under way.
+    cache:collect { wait = 0 }
+    return nil, err, code
+  end
+  return gc
+end
+
 --[[
 install(cache, pol, desc, source, names) -> record | nil, message, code
   Puts what desc describes into the cache: every layer it lacks (checked),
@@ -182,21 +266,14 @@ local function install(cache, pol, desc, source, names, stamp)
     return nil, string.format("the config lists %d layers, the manifest %d", #diff_ids, #desc.layers), "bad_image"
   end
   cache:clean_tmp()
-  local gc <close>, gerr, gcode = cache:lock("gc", "sh")
-  if not gc then return nil, gerr, gcode end
+  local ipol = pol.images
   local old = cache:image(desc.id)
-  if not (old and cache:complete(old)) then
-    local jobs = {}
-    for i, l in ipairs(desc.layers) do
-      jobs[#jobs + 1] = function()
-        local root, err, code = cache:ensure_layer(diff_ids[i], l.input)
-        if not root then return nil, err, code end
-        return true
-      end
-    end
-    local err, code = run_bounded(jobs, pol.images.parallel)
-    if err then return nil, err, code end
+  local function lock_or_unpack()
+    if old and cache:complete(old) then return cache:lock("gc", "sh") end
+    return unpack_layers(cache, ipol, desc, diff_ids)
   end
+  local gc <close>, gerr, gcode = lock_or_unpack()
+  if not gc then return nil, gerr, gcode end
   local size = 0
   for _, d in ipairs(diff_ids) do
     local m = cache:layer_meta(d)

@@ -318,10 +318,13 @@ function M.docker_archive(path, name, pol, label)
   if declared and #declared == 64 and "sha256:" .. declared ~= desc.id then
     return nil, string.format("%s: the config %s has the digest %s", label, pick.Config, desc.id), "digest_mismatch"
   end
+  local by = members(scan)
   for i, lname in ipairs(pick.Layers) do
     local key = type(lname) == "string" and resolve(lname)
     if not key then return nil, string.format("%s: layer %d (%s) is not in the archive", label, i, tostring(lname)), "bad_image" end
-    desc.layers[i] = { input = function() return { file = path, member = key } end }
+    -- Its size guesses what it will take (docker save layers are plain tars).
+    local size = by[key] and math.tointeger(by[key].size)
+    desc.layers[i] = { size = size, uncompressed = true, input = function() return { file = path, member = key } end }
   end
   return desc
 end
