@@ -71,6 +71,7 @@ struct sbx_layer_opts {
   int chown;              /* 1: give entries the tar's owners (root only) */
   volatile int *cancel;   /* set from another thread: stop with "cancelled" */
   struct sbx_layer_budget *budgets[SBX_LAYER_BUDGETS]; /* NULL or shared budgets, each charged */
+  int defer_links;        /* 1: a hard link to a file this layer lacks is put off (result's deferred) */
 };
 
 struct sbx_layer_result {
@@ -84,7 +85,29 @@ struct sbx_layer_result {
   char diff_id[80];       /* "sha256:<hex>" of the uncompressed tar */
   char code[32];          /* "" on success, else a stable short code */
   char message[SBX_LAYER_MSG];
+  /* With defer_links: hard links whose target a lower layer holds, as
+  ** "path\0target\0" pairs (clean paths), in the tar's order; freed by
+  ** sbx_layer_result_free. */
+  char *deferred;
+  size_t deferred_len;
+  size_t ndeferred;
 };
+
+void sbx_layer_result_free(struct sbx_layer_result *r);
+
+/*
+** Makes the hard link path (a clean path below root_fd, the layer being
+** made) to target, a file of the layers below it as a box would see them:
+** root_fd itself first (a link made before), then lowers[0..n) top first,
+** where a whiteout (a 0/0 character device) or a file on the way hides
+** what is below, and so does an opaque directory (user.overlay.opaque)
+** for the layers under it. Every directory is opened with O_NOFOLLOW, so
+** nothing outside the layers is ever linked. An entry the layer already
+** has at path (written after the link in the tar) wins: nothing is done.
+** Returns 0, or -1 with code ("unsafe_entry", "io") and msg filled.
+*/
+int sbx_layer_link_lower(int root_fd, const int *lowers, size_t n, const char *path, const char *target,
+                         char *code, size_t codesz, char *msg, size_t msgsz);
 
 /*
 ** Unpacks one layer. Returns 0, or -1 with r->code ("bad_layer",

@@ -73,7 +73,15 @@ def main(out, spec):
         names, diff_ids = [], []
         for i, entries in enumerate(spec["layers"]):
             raw = os.path.join(work, "l%d.tar" % i)
-            layer_tar(entries, raw)
+            if isinstance(entries, dict):
+                # {"from_archive": a docker save tar, "index": N}: its layer N as it is.
+                with tarfile.open(entries["from_archive"]) as src:
+                    man = json.load(src.extractfile("manifest.json"))
+                    member = src.extractfile(man[0]["Layers"][entries.get("index", 0)])
+                    with open(raw, "wb") as dst:
+                        shutil.copyfileobj(member, dst, 1 << 20)
+            else:
+                layer_tar(entries, raw)
             diff_ids.append("sha256:" + sha_file(raw))
             name = "l%d/layer.tar" % i
             if spec.get("gzip"):

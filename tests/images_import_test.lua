@@ -210,6 +210,55 @@ do
   t.ok(cache_size(pol.images.dir) <= 20 * MiB, string.format("  the cache holds %d bytes <= max_bytes", cache_size(pol.images.dir)))
 end
 
+-- Hard links to files of lower layers ----------------------------------------------------------
+
+do
+  local fx = IH.fixtures()
+  local busybox = { from_archive = fx .. "/busybox-docker.tar", index = 0 }
+  local top = { { name = "data", type = "dir" }, { name = "data/passwd", type = "link", linkname = "etc/passwd" },
+                { name = "data/own", data = "mine\n" }, { name = "data/own-link", type = "link", linkname = "data/own" } }
+  local img, err = import(crafted { layers = { busybox, top } })
+  t.ok(img, "a layer with a hard link to a file of the layer below imports", tostring(err))
+  if img then
+    local a, b = layer.stat(img.layers[1] .. "/etc/passwd"), layer.stat(img.layers[2] .. "/data/passwd")
+    t.ok(a and b and a.ino == b.ino, "  the link is the lower file itself (one inode, no copy)")
+    t.ok(layer.stat(img.layers[2] .. "/data/own-link"), "  a link within the layer still works")
+  end
+  -- Through a local box: the linked file reads as the original.
+  local path = crafted { layers = { busybox, top } }
+  local box, berr = sbx.box { backend = "local", image = "docker-archive:" .. path,
+    policy = { images = { dir = IH.tmpdir("hlbox") .. "/images" } } }
+  t.ok(box, "a local box from it starts", tostring(berr))
+  if box then
+    local r = box:exec { "sh", "-c", "cmp /etc/passwd /data/passwd && echo same" }
+    t.is(r and r.stdout, "same\n", "  and /data/passwd is /etc/passwd")
+    box:close()
+  end
+  -- The same layer over another base is another directory (its links
+  -- depend on what is below it).
+  local other = { { name = "etc", type = "dir" }, { name = "etc/passwd", data = "other\n" } }
+  local p1 = IH.cache_policy()
+  local i1 = assert(images.resolve("docker-archive:" .. crafted { layers = { busybox, top } }, { policy = p1 }))
+  local i2, e2 = images.resolve("docker-archive:" .. crafted { layers = { other, top } }, { policy = p1 })
+  t.ok(i2 and i2.diff_ids[2] == i1.diff_ids[2] and i2.layers[2] ~= i1.layers[2],
+    "one diff id over two bases: two directories", tostring(e2))
+  t.is(i2 and IH.read(i2.layers[2] .. "/data/passwd"), "other\n", "  each linked to its own base")
+  -- What a box would not see cannot be linked: a whiteout hides it, a
+  -- symlink on the way is never followed, and a first layer has nothing below.
+  for _, case in ipairs {
+    { { busybox, { { name = "etc", type = "dir" }, { name = "etc/.wh.passwd" } }, top }, "whited out" },
+    { { { { name = "lnk", type = "symlink", linkname = "/etc" } }, { { name = "x", type = "link", linkname = "lnk/passwd" } } },
+      "through a symlink" },
+    { { { { name = "x", type = "link", linkname = "etc/passwd" } } }, "in the first layer" },
+    { { busybox, { { name = "x", type = "link", linkname = "no/such/file" } } }, "to nothing" },
+    { { busybox, { { name = "x", type = "link", linkname = "etc" } } }, "to a directory" },
+  } do
+    local r, e, c = import(crafted { layers = case[1] })
+    t.ok(not r and c == "unsafe_entry", "a hard link " .. case[2] .. ": refused", tostring(e))
+  end
+  t.ok(layer.stat("/etc/passwd").ino ~= nil, "(the host's /etc/passwd is untouched)")
+end
+
 -- The knob is checked like the others.
 do
   local ok, perr = sbx.policy_check.policy { images = { max_image_bytes = 0 } }

@@ -137,7 +137,7 @@ local DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 -- The image table a caller gets from a record.
 local function image_of(cache, rec, key)
   local layers = {}
-  for i, d in ipairs(rec.layers) do layers[i] = cache:layer_dir(d) .. "/root" end
+  for i, d in ipairs(cache_mod.dirs_of(rec)) do layers[i] = cache:layer_dir(d) .. "/root" end
   return {
     digest = rec.id, manifest = rec.manifest, layers = layers, diff_ids = rec.layers,
     config = rec.config, name = key, source = rec.source, size = rec.size,
@@ -198,10 +198,11 @@ unpack_layers(cache, ipol, desc, diff_ids) -> gc lock | nil, message, code
   when no other import is under way). Success: the gc lock (shared) that
   keeps the new layers until the image is recorded.
 ]]
-function unpack_layers(cache, ipol, desc, diff_ids)
+function unpack_layers(cache, ipol, desc, diff_ids, chains)
   local have = 0
-  for _, d in ipairs(diff_ids) do
-    local m = cache:layer_root(d) and cache:layer_meta(d)
+  for i, d in ipairs(diff_ids) do
+    local key = cache:layer_root(d) and d or (i > 1 and cache:layer_root(chains[i]) and chains[i])
+    local m = key and cache:layer_meta(key)
     if m then have = have + (tonumber(m.disk) or 0) end
   end
   if have > ipol.max_image_bytes then
@@ -222,20 +223,38 @@ function unpack_layers(cache, ipol, desc, diff_ids)
     local room = layer.budget(math.max(0, ipol.max_bytes - used),
       string.format("the image cache would pass %d bytes (%.0f MiB, policy.images.max_bytes; %d in use)",
         ipol.max_bytes, ipol.max_bytes / MiB, used))
-    local jobs = {}
+    local jobs, got = {}, {}
     for i, l in ipairs(desc.layers) do
       jobs[#jobs + 1] = function()
-        local root, err, code = cache:ensure_layer(diff_ids[i], l.input, { image, room })
-        if not root then return nil, err, code end
+        local root, key, code = cache:ensure_layer(diff_ids[i], l.input, { image, room }, i > 1 and chains[i] or nil)
+        if not root then return nil, key, code end
+        got[i] = type(root) == "table" and root or key
         return true
       end
     end
     local err, code = run_bounded(jobs, ipol.parallel)
+    -- Layers with links into lower ones, lowest first, once those are in.
+    local keys = {}
+    for i = 1, #desc.layers do
+      local g = got[i]
+      if type(g) == "table" then
+        if err then
+          layer.remove(g.tmp)
+        else
+          local lowers = {}
+          for j = i - 1, 1, -1 do lowers[#lowers + 1] = cache:layer_dir(keys[j]) .. "/root" end
+          local root, key, fcode = cache:finish_layer(g, chains[i], lowers)
+          if not root then err, code = key, fcode else keys[i] = key end
+        end
+      else
+        keys[i] = g
+      end
+    end
     if err then
       gc:close()
       return nil, err, code, room:over() and not image:over()
     end
-    return gc
+    return gc, keys
   end
   local gc, err, code, full = attempt()
   if not gc and full then
@@ -249,7 +268,7 @@ function unpack_layers(cache, ipol, desc, diff_ids)
     cache:collect { wait = 0 }
     return nil, err, code
   end
-  return gc
+  return gc, err
 end
 
 --[[
@@ -268,21 +287,31 @@ local function install(cache, pol, desc, source, names, stamp)
   cache:clean_tmp()
   local ipol = pol.images
   local old = cache:image(desc.id)
+  -- OCI chain ids: where a layer whose links reach into lower ones is kept.
+  local chains = { diff_ids[1] }
+  for i = 2, #diff_ids do chains[i] = layer.sha256(chains[i - 1] .. " " .. diff_ids[i]) end
   local function lock_or_unpack()
-    if old and cache:complete(old) then return cache:lock("gc", "sh") end
-    return unpack_layers(cache, ipol, desc, diff_ids)
+    if old and cache:complete(old) then
+      local l, lerr, lcode = cache:lock("gc", "sh")
+      return l, l and cache_mod.dirs_of(old) or lerr, lcode
+    end
+    return unpack_layers(cache, ipol, desc, diff_ids, chains)
   end
-  local gc <close>, gerr, gcode = lock_or_unpack()
-  if not gc then return nil, gerr, gcode end
+  local gc <close>, keys, gcode = lock_or_unpack()
+  if not gc then return nil, keys, gcode end
+  local dirs
+  for i, k in ipairs(keys) do
+    if k ~= diff_ids[i] then dirs = keys end
+  end
   local size = 0
-  for _, d in ipairs(diff_ids) do
+  for _, d in ipairs(keys) do
     local m = cache:layer_meta(d)
     size = size + (m and tonumber(m.disk) or 0)
   end
   local arch = doc.architecture and (tostring(doc.os or "linux") .. "/" .. doc.architecture .. (doc.variant and ("/" .. doc.variant) or "")) or nil
   local rec = {
     id = desc.id, manifest = desc.manifest, index = desc.index, source = source,
-    layers = diff_ids, config = flat, size = size, platform = arch,
+    layers = diff_ids, dirs = dirs, config = flat, size = size, platform = arch,
     created = doc.created, pulled = os.time(),
   }
   cache:put_blob(desc.id, desc.config_bytes)
