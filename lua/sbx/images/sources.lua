@@ -164,6 +164,7 @@ function M.oci_layout(read, input_of, tag, pol, where)
   local names = {}
   for _, d in ipairs(index.manifests) do
     local n = type(d) == "table" and type(d.annotations) == "table" and d.annotations["org.opencontainers.image.ref.name"]
+    if type(n) ~= "string" then n = nil end
     if n then names[#names + 1] = n end
     if tag and n == tag then pick = d end
   end
@@ -177,6 +178,7 @@ function M.oci_layout(read, input_of, tag, pol, where)
     end
     pick = index.manifests[1]
   end
+  if type(pick) ~= "table" then return nil, where .. ": index.json lists a manifest that is not a descriptor", "bad_image" end
   local mbytes, merr, mcode = blob(pick.digest, "the manifest")
   if not mbytes then return nil, merr, mcode end
   local doc = json.decode(mbytes)

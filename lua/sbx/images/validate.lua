@@ -37,13 +37,14 @@ local function bad(fmt, ...)
   return nil, string.format(fmt, ...), "bad_image"
 end
 
--- The JSON text decoded, or why it is not JSON.
+-- The JSON text decoded: true, value | nil, why it is not JSON, code
+-- (a value may be false).
 local function decode(bytes, what)
   if type(bytes) ~= "string" then return bad("%s is missing", what) end
   local ok, doc, err = pcall(json.decode, bytes)
   if not ok then return bad("%s is malformed: %s", what, tostring(doc)) end
   if doc == nil then return bad("%s is malformed JSON (%s)", what, tostring(err)) end
-  return doc
+  return true, doc
 end
 
 local function strings(v, name)
@@ -72,8 +73,8 @@ validate.config(bytes) -> doc, flat | nil, message, "bad_image"
   and variant.
 ]]
 function M.config(bytes)
-  local doc, err, code = decode(bytes, "the image config")
-  if not doc then return nil, err, code end
+  local ok, doc, code = decode(bytes, "the image config")
+  if not ok then return nil, doc, code end
   if not is_object(doc) then return bad("the image config is %s, not an object", kind(doc)) end
   if not is_object(doc.rootfs) or not is_array(doc.rootfs.diff_ids) then
     return bad("the image config has no rootfs.diff_ids: not a container image")
@@ -129,8 +130,8 @@ validate.docker_manifest(bytes) -> list | nil, message, "bad_image"
   string, Layers = { strings }, RepoTags = { strings } | null }.
 ]]
 function M.docker_manifest(bytes)
-  local doc, err, code = decode(bytes, "manifest.json")
-  if not doc then return nil, err, code end
+  local ok, doc, code = decode(bytes, "manifest.json")
+  if not ok then return nil, doc, code end
   if not is_array(doc) or #doc == 0 then
     return bad("manifest.json is %s, not a list of images: not a docker save manifest",
       is_array(doc) and "an empty array" or kind(doc))
