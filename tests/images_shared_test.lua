@@ -78,6 +78,31 @@ io.write(string.format("%%s exports=%%d unpacks=%%d\n", img and "ok" or ("fail "
   t.is(unpacks, 1, "one unpack between them (busybox has one layer)")
 end
 
+-- The start deadline begins when the image is ready: another process
+-- holds the image's fetch turn (its flock) for longer than the box's whole
+-- start timeout, and the box, which waits for it, still starts.
+do
+  local dir = IH.tmpdir("turn") .. "/images"
+  local pol = box_policy(dir)
+  pol.agent.start_timeout = 6
+  assert(images.list { policy = IH.policy(pol) })   -- makes the cache's directories
+  local canonical = require("sbx.images.ref").docker_name(tag, sbx.policy.images.hub).canonical
+  local lock = dir .. "/locks/fetch-" .. sbx.core.layer.sha256(canonical):sub(8, 39) .. ".lock"
+  local ready = lock .. ".held"
+  os.execute(string.format("flock %s sh -c 'touch %s; sleep 10' >/dev/null 2>&1 &", q(lock), q(ready)))
+  for _ = 1, 200 do
+    if sbx.core.layer.stat(ready) then break end
+    sbx.sleep(0.05)
+  end
+  local t0 = sbx.now()
+  local box, err, code = sbx.box { backend = "local", image = tag, policy = pol }
+  local waited = sbx.now() - t0
+  t.ok(box, string.format("a box that waited %.1f s for another process's fetch (start timeout 6 s) starts", waited),
+    tostring(code) .. ": " .. tostring(err))
+  t.ok(waited >= 6, "  (it did wait past its start timeout for the turn)")
+  if box then box:close() end
+end
+
 H.sh("docker rmi " .. q(tag))
 IH.cleanup()
 t.done()
