@@ -408,6 +408,15 @@ local function image_source(spec, pol)
         tostring(err), tostring(code or "error")), "image_unavailable"
     end
     local c = type(img.config) == "table" and img.config or {}
+    -- Imports check these (sbx.images.validate); a record written before
+    -- they did is refused here rather than at the box's first command.
+    for _, k in ipairs { "User", "WorkingDir" } do
+      if c[k] ~= nil and type(c[k]) ~= "string" then
+        if img.lease then img.lease:close() end
+        return nil, string.format("image '%s' is not usable: its config's %s is a %s, not a string (sbx images rm it and import it again)",
+          tostring(image), k, type(c[k])), "image_unavailable"
+      end
+    end
     config = { env = c.Env, user = c.User, workdir = c.WorkingDir }
     if img.host then
       if img.lease then img.lease:close() end
