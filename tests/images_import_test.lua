@@ -3,12 +3,14 @@
 -- with mistyped fields and a garbage manifest.json fail at import, naming
 -- what is wrong; gzip bombs stop at policy.images.max_image_bytes and the
 -- cache's max_bytes while they unpack, leaving nothing half made; a hard
--- link to a file of a lower layer works.
+-- link to a file of a lower layer works. Run as root, then as each
+-- unprivileged test user (tests/local_helper.lua).
 local sbx = require "sbx"
 local t = require "tap"
 local H = require "helper"
 local IH = require "images_helper"
 local images = require "sbx.images"
+local L = require "local_helper"
 
 local layer = sbx.core.layer
 local q = IH.q
@@ -213,7 +215,8 @@ end
 -- Hard links to files of lower layers ----------------------------------------------------------
 
 do
-  local fx = IH.fixtures()
+  -- (The users' runs read the fixtures the root run built.)
+  local fx = L.role == "root" and IH.fixtures() or ((H.sbx_bin:match("^(.*)/[^/]+$") or "build") .. "/images-fixtures")
   local busybox = { from_archive = fx .. "/busybox-docker.tar", index = 0 }
   local top = { { name = "data", type = "dir" }, { name = "data/passwd", type = "link", linkname = "etc/passwd" },
                 { name = "data/own", data = "mine\n" }, { name = "data/own-link", type = "link", linkname = "data/own" } }
@@ -266,4 +269,5 @@ do
 end
 
 IH.cleanup()
+L.relay_users(t, "tests/images_import_test.lua", H.busybox)
 t.done()
