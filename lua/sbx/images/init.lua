@@ -186,7 +186,7 @@ local function estimate(cache, desc, diff_ids)
 end
 
 --[[
-unpack_layers(cache, ipol, desc, diff_ids) -> gc lock | nil, message, code
+unpack_layers(cache, ipol, desc, diff_ids, chains) -> gc lock, keys | nil, message, code
   Unpacks the layers of desc the cache lacks, policy.images.parallel at a
   time, under two budgets every file and directory is charged to before
   it is written (core.layer.budget): the image's (max_image_bytes less
@@ -196,7 +196,8 @@ unpack_layers(cache, ipol, desc, diff_ids) -> gc lock | nil, message, code
   budget still runs out, every image no box holds goes and it is tried
   once more. A failure leaves no layer of this import behind (a collect,
   when no other import is under way). Success: the gc lock (shared) that
-  keeps the new layers until the image is recorded.
+  keeps the new layers until the image is recorded, and where each layer
+  is (its diff id, or its chain id: cache:finish_layer).
 ]]
 function unpack_layers(cache, ipol, desc, diff_ids, chains)
   local have = 0
@@ -256,19 +257,20 @@ function unpack_layers(cache, ipol, desc, diff_ids, chains)
     end
     return gc, keys
   end
-  local gc, err, code, full = attempt()
+  -- On success the second value is the layers' keys, else the message.
+  local gc, keys, code, full = attempt()
   if not gc and full then
     -- The cache was full of images nobody holds: they go, and once more.
     local report = cache:collect { max_bytes = 0, keep = { [desc.id] = true }, wait = 0 }
-    if report and #report.images > 0 then gc, err, code = attempt() end
+    if report and #report.images > 0 then gc, keys, code = attempt() end
   end
   if not gc then
     -- Layers this import finished are no image's: gone, unless another
     -- import (which may share them) is under way.
     cache:collect { wait = 0 }
-    return nil, err, code
+    return nil, keys, code
   end
-  return gc, err
+  return gc, keys
 end
 
 --[[
