@@ -9,7 +9,11 @@
 **   - as a whole layer (any compression libarchive detects), unpacked into
 **     box/root of a scratch directory, whiteouts on: whatever it holds,
 **     box holds only root afterwards and the canary directory, which the
-**     corpus's symlinks point at, stays empty.
+**     corpus's symlinks point at, stays empty. A shared budget smaller than
+**     the layer's own limit is never passed. Hard links to files the layer
+**     lacks are put off and then made against a fixed lower layer (a file,
+**     a file in a directory, a symlink to the canary): the lower layer
+**     keeps exactly its entries and the canary stays empty.
 */
 #define _GNU_SOURCE
 #include "fuzz.h"
@@ -84,13 +88,37 @@ check_path(const uint8_t *data, size_t size)
 }
 
 static char scratch[64];
+static char lower[96];
 
 /* The scratch directory goes with the process (the canary stays: every
 ** run shares it, and it must stay empty). */
 static void
 remove_scratch(void)
 {
+  sbx_layer_remove(AT_FDCWD, lower, NULL, 0);
   rmdir(scratch);
+}
+
+/* The fixed lower layer deferred links are made against. */
+static void
+make_lower(void)
+{
+  char p[160];
+  int fd;
+  snprintf(lower, sizeof lower, "%s/lower", scratch);
+  CHECK(mkdir(lower, 0700) == 0);
+  snprintf(p, sizeof p, "%s/f", lower);
+  fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  CHECK(fd >= 0);
+  close(fd);
+  snprintf(p, sizeof p, "%s/d", lower);
+  CHECK(mkdir(p, 0755) == 0);
+  snprintf(p, sizeof p, "%s/d/g", lower);
+  fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  CHECK(fd >= 0);
+  close(fd);
+  snprintf(p, sizeof p, "%s/s", lower);
+  CHECK(symlink(CANARY, p) == 0);
 }
 
 static void
@@ -99,11 +127,13 @@ check_unpack(const uint8_t *data, size_t size)
   char box[128], root[160], first[256];
   struct sbx_layer_opts o;
   struct sbx_layer_result r;
+  struct sbx_layer_budget *budget;
   int in, rfd;
   if (!scratch[0]) {
     snprintf(scratch, sizeof scratch, "/tmp/sbx-fuzz-layer-%d", (int)getpid());
     mkdir(scratch, 0700);
     mkdir(CANARY, 0700);
+    make_lower();
     atexit(remove_scratch);
   }
   snprintf(box, sizeof box, "%s/box", scratch);
@@ -121,14 +151,38 @@ check_unpack(const uint8_t *data, size_t size)
   o.max_bytes = 1 << 20;
   o.max_entries = 2000;
   o.whiteouts = 1;
-  if (sbx_layer_unpack(&o, &r) != 0)
+  o.defer_links = 1;
+  budget = sbx_layer_budget_new(512 * 1024, "over the fuzz budget");
+  CHECK(budget != NULL);
+  o.budgets[0] = budget;
+  if (sbx_layer_unpack(&o, &r) != 0) {
     CHECK(r.code[0] != '\0' && r.message[0] != '\0');
-  else
+  }
+  else {
+    const char *p = r.deferred, *end = r.deferred + r.deferred_len;
+    int lfd = open(lower, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    size_t n = 0;
     CHECK(r.bytes <= o.max_bytes && r.entries <= o.max_entries && r.raw_bytes == size);
+    CHECK(lfd >= 0);
+    while (p < end) {
+      const char *target = p + strlen(p) + 1;
+      char code[32] = "", msg[SBX_LAYER_MSG] = "";
+      if (sbx_layer_link_lower(rfd, &lfd, 1, p, target, code, sizeof code, msg, sizeof msg) != 0)
+        CHECK(code[0] != '\0' && msg[0] != '\0');
+      p = target + strlen(target) + 1;
+      n++;
+    }
+    CHECK(n == r.ndeferred);
+    close(lfd);
+  }
+  CHECK(sbx_layer_budget_used(budget) <= sbx_layer_budget_limit(budget));
+  sbx_layer_budget_unref(budget);
+  sbx_layer_result_free(&r);
   close(rfd);
   close(in);
   CHECK(count_entries(box, first, sizeof first) == 1 && strcmp(first, "root") == 0);
-  CHECK(count_entries(scratch, first, sizeof first) == 1 && strcmp(first, "box") == 0);
+  CHECK(count_entries(scratch, NULL, 0) == 2);
+  CHECK(count_entries(lower, NULL, 0) == 3);
   CHECK(count_entries(CANARY, NULL, 0) == 0);
   CHECK(sbx_layer_remove(AT_FDCWD, box, NULL, 0) == 0);
 }

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,101 @@ fail(struct unpack *u, const char *code, const char *fmt, ...)
   vsnprintf(u->r->message, sizeof u->r->message, fmt, ap);
   va_end(ap);
   return -1;
+}
+
+/* ---------------------------------------------------------------- budgets */
+
+struct sbx_layer_budget {
+  _Atomic uint64_t used;
+  _Atomic int refs;
+  _Atomic int over;
+  uint64_t limit;
+  char message[SBX_LAYER_MSG / 2];
+};
+
+struct sbx_layer_budget *
+sbx_layer_budget_new(uint64_t limit, const char *message)
+{
+  struct sbx_layer_budget *b = calloc(1, sizeof *b);
+  if (!b)
+    return NULL;
+  atomic_init(&b->used, 0);
+  atomic_init(&b->refs, 1);
+  atomic_init(&b->over, 0);
+  b->limit = limit;
+  snprintf(b->message, sizeof b->message, "%s", message ? message : "over its budget");
+  return b;
+}
+
+void
+sbx_layer_budget_ref(struct sbx_layer_budget *b)
+{
+  atomic_fetch_add(&b->refs, 1);
+}
+
+void
+sbx_layer_budget_unref(struct sbx_layer_budget *b)
+{
+  if (b && atomic_fetch_sub(&b->refs, 1) == 1)
+    free(b);
+}
+
+uint64_t
+sbx_layer_budget_used(const struct sbx_layer_budget *b)
+{
+  return atomic_load(&b->used);
+}
+
+uint64_t
+sbx_layer_budget_limit(const struct sbx_layer_budget *b)
+{
+  return b->limit;
+}
+
+int
+sbx_layer_budget_over(const struct sbx_layer_budget *b)
+{
+  return atomic_load(&b->over);
+}
+
+/* Takes n bytes from one budget, or none when they do not fit. */
+static int
+take(struct sbx_layer_budget *b, uint64_t n)
+{
+  uint64_t cur = atomic_load(&b->used);
+  do {
+    if (n > b->limit || cur > b->limit - n) {
+      atomic_store(&b->over, 1);
+      return -1;
+    }
+  } while (!atomic_compare_exchange_weak(&b->used, &cur, cur + n));
+  return 0;
+}
+
+/* Charges n bytes for the entry path to every budget, or to none. */
+static int
+charge(struct unpack *u, uint64_t n, const char *path)
+{
+  int i, j;
+  for (i = 0; i < SBX_LAYER_BUDGETS; i++) {
+    struct sbx_layer_budget *b = u->o->budgets[i];
+    if (!b)
+      continue;
+    if (take(b, n) != 0) {
+      for (j = 0; j < i; j++)
+        if (u->o->budgets[j])
+          atomic_fetch_sub(&u->o->budgets[j]->used, n);
+      return fail(u, "too_large", "%.300s: %s", path, b->message);
+    }
+  }
+  return 0;
+}
+
+/* What a file of size bytes may take on disk. */
+static uint64_t
+blocks_of(uint64_t size)
+{
+  return size > UINT64_MAX - 4095 ? UINT64_MAX : (size + 4095) & ~(uint64_t)4095;
 }
 
 /* ---------------------------------------------------------------- paths */
@@ -350,6 +446,8 @@ write_file(struct unpack *u, int dfd, const char *leaf, const char *path, struct
   if ((uint64_t)declared > u->o->max_bytes - u->r->bytes)
     return fail(u, "too_large", "%s declares %lld bytes: more than the layer may hold (%llu bytes, policy.images.max_layer_bytes)",
                 path, (long long)declared, (unsigned long long)u->o->max_bytes);
+  if (charge(u, blocks_of((uint64_t)declared), path) != 0)
+    return -1;
   fd = openat(dfd, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return fail(u, "io", "cannot create %s: %s", path, strerror(errno));
@@ -425,6 +523,30 @@ whiteout(struct unpack *u, int dfd, const char *leaf, const char *path)
   return 0;
 }
 
+/* Puts the hard link path -> target off until the lower layers are there. */
+static int
+defer_link(struct unpack *u, const char *path, const char *target)
+{
+  size_t a = strlen(path) + 1, b = strlen(target) + 1;
+  char *p = realloc(u->r->deferred, u->r->deferred_len + a + b);
+  if (!p)
+    return fail(u, "io", "out of memory");
+  memcpy(p + u->r->deferred_len, path, a);
+  memcpy(p + u->r->deferred_len + a, target, b);
+  u->r->deferred = p;
+  u->r->deferred_len += a + b;
+  u->r->ndeferred++;
+  return 0;
+}
+
+void
+sbx_layer_result_free(struct sbx_layer_result *r)
+{
+  free(r->deferred);
+  r->deferred = NULL;
+  r->deferred_len = r->ndeferred = 0;
+}
+
 static int
 apply_entry(struct unpack *u, struct archive_entry *e)
 {
@@ -479,8 +601,17 @@ apply_entry(struct unpack *u, struct archive_entry *e)
     tleaf = split_leaf(tpath, &tdir);
     tfd = open_dir(u->o->root_fd, tdir, 0);
     if (tfd < 0 || fstatat(tfd, tleaf, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode)) {
+      int missing = tfd < 0 ? errno == ENOENT : errno == ENOENT && !S_ISDIR(st.st_mode);
       if (tfd >= 0)
         close(tfd);
+      if (missing && u->o->defer_links) {
+        /* A file of a lower layer: linked once those are there. */
+        if (*tdir)
+          tpath[strlen(tpath)] = '/';
+        if (*dir)
+          path[strlen(path)] = '/';
+        return defer_link(u, path, tpath);
+      }
       return fail(u, "unsafe_entry", "the hard link %.300s points to %.300s, which is not a file this layer holds (links may not leave the tree)", name, hl);
     }
     rc = make_room(u, dfd, leaf, 0, &kept, name);
@@ -501,6 +632,8 @@ apply_entry(struct unpack *u, struct archive_entry *e)
     goto no_parent;
   switch (type) {
   case AE_IFDIR:
+    if (!kept && charge(u, 4096, name) != 0)
+      return -1;
     if (!kept && mkdirat(dfd, leaf, 0700) != 0)
       return fail(u, "io", "cannot make the directory %s: %s", name, strerror(errno));
     set_owner(u, dfd, leaf, e);
@@ -763,4 +896,114 @@ out:
   free(u.rbuf);
   free(u.tbuf);
   return r->code[0] ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- links to lower layers */
+
+enum { FOUND, ABSENT, HIDDEN };
+
+/*
+** Looks for the clean path target in the layer at fd: FOUND (its parent
+** directory in *pfd, the caller closes it), ABSENT (not in this layer;
+** *opaque set when a directory on the way is opaque, so no lower layer
+** counts either) or HIDDEN (a whiteout or a non-directory on the way).
+*/
+static int
+lookup(int fd, char *target, int *pfd, int *opaque)
+{
+  const char *dir, *leaf;
+  char buf[4096], *comp, *save = NULL;
+  struct stat st;
+  int cur = dup(fd), next;
+  char v[2];
+  snprintf(buf, sizeof buf, "%s", target);
+  leaf = split_leaf(buf, &dir);
+  *opaque = 0;
+  if (cur < 0)
+    return HIDDEN;
+  for (comp = strtok_r((char *)dir, "/", &save); comp; comp = strtok_r(NULL, "/", &save)) {
+    if (fstatat(cur, comp, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (fgetxattr(cur, "user.overlay.opaque", v, 1) == 1 && v[0] == 'y')
+        *opaque = 1;
+      close(cur);
+      return ABSENT;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      close(cur);
+      return HIDDEN;
+    }
+    next = openat(cur, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    close(cur);
+    if (next < 0)
+      return HIDDEN;
+    cur = next;
+    if (fgetxattr(cur, "user.overlay.opaque", v, 1) == 1 && v[0] == 'y')
+      *opaque = 1;
+  }
+  if (fstatat(cur, leaf, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    close(cur);
+    return ABSENT;
+  }
+  if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0)) {
+    close(cur);
+    return HIDDEN;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close(cur);
+    return HIDDEN;
+  }
+  *pfd = cur;
+  return FOUND;
+}
+
+int
+sbx_layer_link_lower(int root_fd, const int *lowers, size_t n, const char *path, const char *target,
+                     char *code, size_t codesz, char *msg, size_t msgsz)
+{
+  char p[4096], tg[4096];
+  const char *dir, *leaf, *tdir, *tleaf;
+  struct stat st;
+  size_t i;
+  int dfd, src = -1, opaque = 0, rc, where = ABSENT;
+  if (sbx_layer_clean_path(path, p, sizeof p) <= 0 || sbx_layer_clean_path(target, tg, sizeof tg) <= 0) {
+    snprintf(code, codesz, "unsafe_entry");
+    snprintf(msg, msgsz, "the hard link %.300s -> %.300s is not a clean path", path, target);
+    return -1;
+  }
+  /* This layer first (a link made before), then the ones below. */
+  where = lookup(root_fd, tg, &src, &opaque);
+  for (i = 0; where == ABSENT && !opaque && i < n; i++)
+    where = lookup(lowers[i], tg, &src, &opaque);
+  if (where != FOUND) {
+    snprintf(code, codesz, "unsafe_entry");
+    snprintf(msg, msgsz, "the hard link %.300s points to %.300s, which neither this layer nor one below holds as a file", path, target);
+    return -1;
+  }
+  leaf = split_leaf(p, &dir);
+  dfd = open_dir(root_fd, dir, 1);
+  if (dfd < 0) {
+    int e = errno;
+    close(src);
+    snprintf(code, codesz, e == ELOOP || e == ENOTDIR ? "unsafe_entry" : "io");
+    snprintf(msg, msgsz, "cannot open the directory of %.300s: %s", path, strerror(e));
+    return -1;
+  }
+  if (fstatat(dfd, leaf, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    close(src);
+    close(dfd);
+    return 0; /* a later entry of the layer took the name */
+  }
+  tleaf = split_leaf(tg, &tdir);
+  rc = linkat(src, tleaf, dfd, leaf, 0);
+  {
+    int e = errno;
+    close(src);
+    close(dfd);
+    if (rc != 0) {
+      snprintf(code, codesz, "io");
+      snprintf(msg, msgsz, "cannot link %.300s to %.300s of a lower layer: %s", path, target, strerror(e));
+      return -1;
+    }
+  }
+  return 0;
 }

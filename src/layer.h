@@ -17,6 +17,8 @@
 **     cannot make them, and a box gets its /dev from the backend;
 **   - the bytes of regular files are capped (max_bytes, the declared size
 **     checked before anything is written) and so is the number of entries;
+**     budgets shared with other unpacks cap them together (one image, the
+**     cache);
 **   - OCI whiteouts become overlayfs ones: ".wh.NAME" a 0/0 character device
 **     NAME (which the kernel lets unprivileged users make), ".wh..wh..opq"
 **     the xattr user.overlay.opaque=y on its directory (trusted.overlay.opaque
@@ -34,6 +36,28 @@
 
 #define SBX_LAYER_MSG 512
 
+/*
+** Disk that several unpacks share (the layers of one image, unpacked at
+** once on worker threads; the room left in the cache): every entry is
+** charged what it may take (a file its declared size rounded up to 4 KiB,
+** a directory 4 KiB) before anything of it is written, so a layer stops
+** at the limit while it unpacks, whatever its compressed size. A charge
+** that does not fit fails the unpack with "too_large" and the budget's
+** message, and marks the budget over. Reference-counted: sbx_layer_budget_new
+** gives one reference; each holder takes its own (sbx_layer_budget_ref) and
+** lets go of it (sbx_layer_budget_unref), the last frees it.
+*/
+struct sbx_layer_budget;
+
+struct sbx_layer_budget *sbx_layer_budget_new(uint64_t limit, const char *message);
+void sbx_layer_budget_ref(struct sbx_layer_budget *b);
+void sbx_layer_budget_unref(struct sbx_layer_budget *b);
+uint64_t sbx_layer_budget_used(const struct sbx_layer_budget *b);
+uint64_t sbx_layer_budget_limit(const struct sbx_layer_budget *b);
+int sbx_layer_budget_over(const struct sbx_layer_budget *b);
+
+#define SBX_LAYER_BUDGETS 2
+
 struct sbx_layer_opts {
   int in_fd;              /* the input, read from its current offset to its end */
   const char *member;     /* NULL, or the name of the input's tar entry holding the layer */
@@ -46,6 +70,8 @@ struct sbx_layer_opts {
   int whiteouts;          /* 1: .wh. names are OCI whiteouts; 0: plain names */
   int chown;              /* 1: give entries the tar's owners (root only) */
   volatile int *cancel;   /* set from another thread: stop with "cancelled" */
+  struct sbx_layer_budget *budgets[SBX_LAYER_BUDGETS]; /* NULL or shared budgets, each charged */
+  int defer_links;        /* 1: a hard link to a file this layer lacks is put off (result's deferred) */
 };
 
 struct sbx_layer_result {
@@ -59,7 +85,29 @@ struct sbx_layer_result {
   char diff_id[80];       /* "sha256:<hex>" of the uncompressed tar */
   char code[32];          /* "" on success, else a stable short code */
   char message[SBX_LAYER_MSG];
+  /* With defer_links: hard links whose target a lower layer holds, as
+  ** "path\0target\0" pairs (clean paths), in the tar's order; freed by
+  ** sbx_layer_result_free. */
+  char *deferred;
+  size_t deferred_len;
+  size_t ndeferred;
 };
+
+void sbx_layer_result_free(struct sbx_layer_result *r);
+
+/*
+** Makes the hard link path (a clean path below root_fd, the layer being
+** made) to target, a file of the layers below it as a box would see them:
+** root_fd itself first (a link made before), then lowers[0..n) top first,
+** where a whiteout (a 0/0 character device) or a file on the way hides
+** what is below, and so does an opaque directory (user.overlay.opaque)
+** for the layers under it. Every directory is opened with O_NOFOLLOW, so
+** nothing outside the layers is ever linked. An entry the layer already
+** has at path (written after the link in the tar) wins: nothing is done.
+** Returns 0, or -1 with code ("unsafe_entry", "io") and msg filled.
+*/
+int sbx_layer_link_lower(int root_fd, const int *lowers, size_t n, const char *path, const char *target,
+                         char *code, size_t codesz, char *msg, size_t msgsz);
 
 /*
 ** Unpacks one layer. Returns 0, or -1 with r->code ("bad_layer",

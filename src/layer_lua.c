@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #define LOCK_MT "sbx.layer.lock"
+#define BUDGET_MT "sbx.layer.budget"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -148,6 +149,9 @@ job_free(struct job *j)
   free(j->dest);
   free(j->digest);
   free(j->diff_id);
+  for (i = 0; i < SBX_LAYER_BUDGETS; i++)
+    sbx_layer_budget_unref(j->o.budgets[i]);
+  sbx_layer_result_free(&j->r);
   free(j);
 }
 
@@ -380,6 +384,22 @@ unpack_k(lua_State *L, int status, lua_KContext ctx)
   lua_setfield(L, -2, "digest");
   lua_pushstring(L, j->r.diff_id);
   lua_setfield(L, -2, "diff_id");
+  if (j->r.ndeferred > 0) {
+    const char *p = j->r.deferred, *end = j->r.deferred + j->r.deferred_len;
+    lua_Integer i = 0;
+    lua_createtable(L, (int)j->r.ndeferred, 0);
+    while (p < end) {
+      const char *target = p + strlen(p) + 1;
+      lua_createtable(L, 2, 0);
+      lua_pushstring(L, p);
+      lua_rawseti(L, -2, 1);
+      lua_pushstring(L, target);
+      lua_rawseti(L, -2, 2);
+      lua_rawseti(L, -2, ++i);
+      p = target + strlen(target) + 1;
+    }
+    lua_setfield(L, -2, "deferred");
+  }
   job_free(j);
   return 1;
 }
@@ -416,7 +436,9 @@ is_digest(const char *s)
 /*
 ** layer.unpack{ file =, root =, member =, dest =, digest =, diff_id =,
 **   max_bytes =, max_entries =, devices = "refuse"|"skip", whiteouts =,
-**   chown = } -> { bytes, disk, entries, whiteouts, skipped, raw_bytes,
+**   chown =, budgets = { layer.budget, ... }, defer_links = } -> ...,
+**   deferred = { { path, target }, ... } (defer_links: hard links to files
+**   this layer lacks, for layer.link_lower once the layers below are there) -> { bytes, disk, entries, whiteouts, skipped, raw_bytes,
 **   digest, diff_id } | nil, message, code
 ** Unpacks the blob at file (inside root when given: resolved as if root
 ** were "/"; or the tar member named member of that file) into the
@@ -449,6 +471,30 @@ layer_unpack(lua_State *L)
   }
   j->o.max_bytes = opt_size(L, 1, "max_bytes", UINT64_MAX);
   j->o.max_entries = opt_size(L, 1, "max_entries", UINT64_MAX);
+  if (lua_getfield(L, 1, "budgets") == LUA_TTABLE) {
+    int i, n = (int)luaL_len(L, -1);
+    if (n > SBX_LAYER_BUDGETS) {
+      job_free(j);
+      return luaL_error(L, "layer.unpack: at most %d budgets", SBX_LAYER_BUDGETS);
+    }
+    for (i = 0; i < n; i++) {
+      struct sbx_layer_budget **b;
+      lua_rawgeti(L, -1, i + 1);
+      b = luaL_testudata(L, -1, BUDGET_MT);
+      if (!b || !*b) {
+        job_free(j);
+        return luaL_error(L, "layer.unpack: budgets must hold layer.budget values");
+      }
+      sbx_layer_budget_ref(*b);
+      j->o.budgets[i] = *b;
+      lua_pop(L, 1);
+    }
+  }
+  else if (!lua_isnil(L, -1)) {
+    job_free(j);
+    return luaL_error(L, "layer.unpack: budgets must be a list");
+  }
+  lua_pop(L, 1);
   lua_getfield(L, 1, "devices");
   devices = luaL_optstring(L, -1, "refuse");
   if (strcmp(devices, "refuse") != 0 && strcmp(devices, "skip") != 0) {
@@ -460,6 +506,8 @@ layer_unpack(lua_State *L)
   j->o.whiteouts = lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
   lua_getfield(L, 1, "chown");
   j->o.chown = lua_isnil(L, -1) ? geteuid() == 0 : lua_toboolean(L, -1);
+  lua_getfield(L, 1, "defer_links");
+  j->o.defer_links = lua_toboolean(L, -1);
   lua_settop(L, 1);
   return job_start(L, j, unpack_k);
 }
@@ -854,7 +902,144 @@ static const luaL_Reg lock_meta[] = {
   { NULL, NULL }
 };
 
+/*
+** layer.link_lower(root, lowers, links) -> true | nil, message, code:
+** makes each hard link { path, target } of links in the layer at root to
+** target as the layers lowers (directories, top first) show it
+** (sbx_layer_link_lower). Small and synchronous.
+*/
+static int
+layer_link_lower(lua_State *L)
+{
+  const char *root = luaL_checkstring(L, 1);
+  int fds[128], rfd, rc = 0;
+  size_t n, i, k;
+  char code[32], msg[SBX_LAYER_MSG];
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  n = (size_t)luaL_len(L, 2);
+  luaL_argcheck(L, n <= 128, 2, "at most 128 layers");
+  rfd = open(root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (rfd < 0)
+    return push_errno(L, "cannot open", root);
+  for (i = 0; i < n; i++) {
+    lua_rawgeti(L, 2, (lua_Integer)i + 1);
+    fds[i] = open(luaL_checkstring(L, -1), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fds[i] < 0) {
+      int e = errno;
+      for (k = 0; k < i; k++)
+        close(fds[k]);
+      close(rfd);
+      errno = e;
+      return push_errno(L, "cannot open the layer", lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+  }
+  for (i = 1; rc == 0 && i <= (size_t)luaL_len(L, 3); i++) {
+    const char *path, *target;
+    lua_rawgeti(L, 3, (lua_Integer)i);
+    lua_rawgeti(L, -1, 1);
+    lua_rawgeti(L, -2, 2);
+    path = lua_tostring(L, -2);
+    target = lua_tostring(L, -1);
+    if (!path || !target)
+      rc = -2;
+    else
+      rc = sbx_layer_link_lower(rfd, fds, n, path, target, code, sizeof code, msg, sizeof msg);
+    lua_pop(L, 3);
+  }
+  for (k = 0; k < n; k++)
+    close(fds[k]);
+  close(rfd);
+  if (rc == -2)
+    return luaL_error(L, "layer.link_lower: links must be { path, target } pairs of strings");
+  if (rc != 0)
+    return sbx_pushfail(L, code, "%s", msg);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- budgets */
+
+/*
+** layer.budget(limit, message) -> budget: bytes that the unpacks given it
+** (unpack's budgets) share, message the error of the one that would pass
+** limit (layer.h). budget:used(), budget:limit(), budget:over() (a charge
+** did not fit).
+*/
+static int
+layer_budget(lua_State *L)
+{
+  lua_Integer limit = luaL_checkinteger(L, 1);
+  const char *message = luaL_checkstring(L, 2);
+  struct sbx_layer_budget **ud;
+  luaL_argcheck(L, limit >= 0, 1, "a budget is >= 0 bytes");
+  ud = lua_newuserdatauv(L, sizeof *ud, 0);
+  *ud = NULL;
+  luaL_setmetatable(L, BUDGET_MT);
+  *ud = sbx_layer_budget_new((uint64_t)limit, message);
+  if (!*ud)
+    return luaL_error(L, "out of memory");
+  return 1;
+}
+
+static struct sbx_layer_budget *
+check_budget(lua_State *L)
+{
+  struct sbx_layer_budget **ud = luaL_checkudata(L, 1, BUDGET_MT);
+  if (!*ud)
+    luaL_error(L, "attempt to use a released budget");
+  return *ud;
+}
+
+static int
+budget_used(lua_State *L)
+{
+  lua_pushinteger(L, (lua_Integer)sbx_layer_budget_used(check_budget(L)));
+  return 1;
+}
+
+static int
+budget_limit(lua_State *L)
+{
+  lua_pushinteger(L, (lua_Integer)sbx_layer_budget_limit(check_budget(L)));
+  return 1;
+}
+
+static int
+budget_over(lua_State *L)
+{
+  lua_pushboolean(L, sbx_layer_budget_over(check_budget(L)));
+  return 1;
+}
+
+/* __gc: lets go of this reference (a job still running keeps its own). */
+static int
+budget_gc(lua_State *L)
+{
+  struct sbx_layer_budget **ud = luaL_checkudata(L, 1, BUDGET_MT);
+  struct sbx_layer_budget *b = *ud;
+  *ud = NULL;
+  sbx_layer_budget_unref(b);
+  return 0;
+}
+
+static const luaL_Reg budget_methods[] = {
+  { "used", budget_used },
+  { "limit", budget_limit },
+  { "over", budget_over },
+  { NULL, NULL }
+};
+
+static const luaL_Reg budget_meta[] = {
+  { "__gc", budget_gc },
+  { "__index", NULL },
+  { NULL, NULL }
+};
+
 static const luaL_Reg layer_funcs[] = {
+  { "budget", layer_budget },
+  { "link_lower", layer_link_lower },
   { "unpack", layer_unpack },
   { "remove", layer_remove },
   { "scan", layer_scan },
@@ -877,6 +1062,11 @@ sbx_open_layer(lua_State *L)
   luaL_newmetatable(L, LOCK_MT);
   luaL_setfuncs(L, lock_meta, 0);
   luaL_newlib(L, lock_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, BUDGET_MT);
+  luaL_setfuncs(L, budget_meta, 0);
+  luaL_newlib(L, budget_methods);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
   luaL_newlib(L, layer_funcs);

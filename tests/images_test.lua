@@ -310,12 +310,13 @@ do
   -- By id prefix.
   rm = assert(images.remove(first.digest:sub(8, 19), { policy = p8 }))
   t.ok(#rm.images == 1 and rm.images[1] == first.digest, "rm by an id prefix")
-  -- Past max_bytes after a pull, the cache trims itself.
-  local p9 = IH.cache_policy { max_bytes = 1 }
+  -- A pull that would pass max_bytes makes room first (the cache never
+  -- passes it: tests/images_import_test.lua counts that while unpacking).
+  local p9 = IH.cache_policy { max_bytes = keep_bytes + 64 * 1024 }
   assert(images.resolve("oci:" .. small, { policy = p9 }))
   local latest = assert(images.resolve("oci:" .. fx .. "/oci-busybox", { policy = p9 }))
   local l = images.list { policy = p9 }
-  t.ok(#l == 1 and l[1].digest == latest.digest, "a pull past max_bytes trims the cache, keeping what it pulled")
+  t.ok(#l == 1 and l[1].digest == latest.digest, "a pull past max_bytes makes room in the cache, keeping what it pulled")
 end
 
 -- sbx images ---------------------------------------------------------------------------------

@@ -245,9 +245,16 @@ policy.images = {
   -- its registry is asked. scripts/setup.sh writes sbx's example images
   -- to the first (the daemon's own image when one runs).
   archives = { "/var/lib/sbx/images" },
-  -- Disk the cache may use. After a pull that goes past it, the least
-  -- recently used images no box holds are removed until it fits.
+  -- Disk the cache may use, counted while an image unpacks: before an
+  -- import the least recently used images no box holds make room for
+  -- what it will likely take (4x its compressed layers), and an unpack
+  -- that would take the cache past max_bytes stops there (once more
+  -- after every image no box holds is gone), leaving nothing half made.
   max_bytes = 20 * GiB,
+  -- Disk one image's layers may take together (each file its declared
+  -- size, each directory 4 KiB), counted as they unpack: a gzip bomb
+  -- stops here, not after.
+  max_image_bytes = 16 * GiB,
   max_layer_bytes = 8 * GiB,    -- file bytes one layer may unpack to (its declared sizes, checked first)
   max_layer_entries = 1000000,  -- files, directories and links in one layer
   max_manifest_bytes = 4 * MiB, -- a manifest, index or config (the distribution server's own limit)

@@ -140,6 +140,7 @@ local RULES = {
   ["images.archives"] = list(str { nonempty = true }),
   ["images.max_bytes"] = int { gt = 0 },
   ["images.max_layer_bytes"] = int { gt = 0 },
+  ["images.max_image_bytes"] = int { gt = 0 },
   ["images.max_layer_entries"] = int { gt = 0 },
   ["images.max_manifest_bytes"] = int { gt = 0 },
   ["images.device_nodes"] = str { enum = { "refuse", "skip" } },

@@ -398,7 +398,9 @@ local function image_source(spec, pol)
   elseif type(image) == "string" and image:match("^rootfs:") then
     lowers, config = { image:sub(8) }, {}
   else
-    local img, err, code = require("sbx.images").resolve(image, { policy = pol, hold = true })
+    -- The box's own pull (policy.box.pull merged with its options): with
+    -- "never" no registry is asked, whatever the cache lacks.
+    local img, err, code = require("sbx.images").resolve(image, { policy = pol, hold = true, pull = spec.pull })
     -- One code for every way an image can be missing (as the Docker
     -- backend does); the cause stays in the message.
     if not img then
@@ -406,6 +408,15 @@ local function image_source(spec, pol)
         tostring(err), tostring(code or "error")), "image_unavailable"
     end
     local c = type(img.config) == "table" and img.config or {}
+    -- Imports check these (sbx.images.validate); a record written before
+    -- they did is refused here rather than at the box's first command.
+    for _, k in ipairs { "User", "WorkingDir" } do
+      if c[k] ~= nil and type(c[k]) ~= "string" then
+        if img.lease then img.lease:close() end
+        return nil, string.format("image '%s' is not usable: its config's %s is a %s, not a string (sbx images rm it and import it again)",
+          tostring(image), k, type(c[k])), "image_unavailable"
+      end
+    end
     config = { env = c.Env, user = c.User, workdir = c.WorkingDir }
     if img.host then
       if img.lease then img.lease:close() end
@@ -1013,7 +1024,6 @@ local reaped_once = false
 -- create(spec, pol) -> handle | nil, message, code
 function M.create(spec, pol)
   pol = pol or sbx_mod().policy
-  local deadline = core.now() + math.min(spec.create_timeout, pol.agent.start_timeout)
   local f = get_facts(pol)
   if not f.bwrap then
     return nil, string.format("bubblewrap (%s) is not installed: apt-get install bubblewrap", lpol(pol).bwrap), "unsupported"
@@ -1022,6 +1032,10 @@ function M.create(spec, pol)
   if not mode then return nil, merr, "unsupported" end
   local src, ierr, icode = image_source(spec, pol)
   if not src then return nil, ierr, icode end
+  -- The start deadline begins once the image is ready: fetching and
+  -- unpacking it (shared by every box that needs it, however long it
+  -- takes) is not the box's start.
+  local deadline = core.now() + math.min(spec.create_timeout, pol.agent.start_timeout)
   -- Every way out below without a box lets go of the image.
   local function unlease()
     if src.lease then src.lease:close() src.lease = nil end

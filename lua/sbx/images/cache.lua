@@ -1,7 +1,9 @@
 -- The image cache on disk. Content-addressed, shared by every box and by
 -- every sbx process of the user, safe against them running at once:
 --
---   <dir>/layers/sha256/<diff id>/root       an unpacked layer (a lowerdir), read-only
+--   <dir>/layers/sha256/<diff id>/root       an unpacked layer (a lowerdir), read-only;
+--                                            a layer with hard links to files of
+--                                            lower ones is under its chain id instead
 --   <dir>/layers/sha256/<diff id>/meta.json  its blob digest, sizes, entries
 --   <dir>/blobs/sha256/<digest>              manifests and configs, as fetched
 --   <dir>/images/<config digest>.json        an image: its layers (diff ids,
@@ -32,6 +34,9 @@ local core = require "sbx.core"
 local json, layer = core.json, core.layer
 
 local M = {}
+
+-- Work this process did (sbx.images.stats()); kept across cache objects.
+M.stats = { fetches = 0, exports = 0, archives = 0, unpacks = 0 }
 
 local Cache = {}
 Cache.__index = Cache
@@ -154,16 +159,21 @@ cache:ensure_layer(diff_id, fetch) -> root, meta | nil, message, code
   The layer's directory, unpacked first when the cache lacks it. fetch(tmp)
   -> input | nil, message, code gives what to unpack: { file, member, root,
   digest, cleanup } (core.layer.unpack's options, cleanup called after);
+  budgets: core.layer.budget values the unpack is charged to;
   tmp is a scratch directory for a download. Only one process unpacks a
   layer; the others wait for it (policy.images.lock_timeout).
 ]]
-function Cache:ensure_layer(diff_id, fetch)
-  local have = self:layer_root(diff_id)
-  if have then return have end
+function Cache:ensure_layer(diff_id, fetch, budgets, chain)
+  local function present()
+    if self:layer_root(diff_id) then return self:layer_root(diff_id), diff_id end
+    if chain and self:layer_root(chain) then return self:layer_root(chain), chain end
+  end
+  local have, key = present()
+  if have then return have, key end
   local lock <close>, lerr, lcode = self:lock("layer-" .. hex(diff_id), "ex")
   if not lock then return nil, lerr, lcode end
-  have = self:layer_root(diff_id)
-  if have then return have end
+  have, key = present()
+  if have then return have, key end
   local tmp, terr, tcode = self:tmpdir()
   if not tmp then return nil, terr, tcode end
   local input, ferr, fcode = fetch(tmp)
@@ -172,12 +182,13 @@ function Cache:ensure_layer(diff_id, fetch)
     return nil, ferr, fcode
   end
   layer.mkdirs(tmp .. "/root", tonumber("755", 8))
+  M.stats.unpacks = M.stats.unpacks + 1
   local pol = self.pol
   local r, uerr, ucode = layer.unpack {
     file = input.file, root = input.root, member = input.member, dest = tmp .. "/root",
     digest = input.digest, diff_id = diff_id,
     max_bytes = pol.max_layer_bytes, max_entries = pol.max_layer_entries,
-    devices = pol.device_nodes,
+    devices = pol.device_nodes, budgets = budgets, defer_links = chain ~= nil,
   }
   if input.cleanup then input.cleanup() end
   if not r then
@@ -186,18 +197,49 @@ function Cache:ensure_layer(diff_id, fetch)
   end
   local meta = { diff_id = diff_id, digest = input.digest or r.digest, bytes = r.bytes, disk = r.disk,
                  entries = r.entries, whiteouts = r.whiteouts, skipped = r.skipped, unpacked = os.time() }
+  if r.deferred then
+    -- Hard links to files of lower layers: the layer is whole once those
+    -- are there (finish_layer), and then it belongs to this chain only.
+    return { pending = true, tmp = tmp, meta = meta, links = r.deferred }
+  end
+  return self:put_layer(tmp, diff_id, meta)
+end
+
+-- Renames the unpacked layer at tmp into place as key, with meta.
+-- -> root, key | nil, message, code
+function Cache:put_layer(tmp, key, meta)
   local ok, werr, wcode = self:write_atomic(tmp .. "/meta.json", json.encode(meta))
   if ok then
-    ok, werr = os.rename(tmp, self:layer_dir(diff_id))
+    ok, werr = os.rename(tmp, self:layer_dir(key))
     wcode = "io"
   end
   if not ok then
     layer.remove(tmp)
     -- Another process got there first (it can only have put a whole layer).
-    if self:layer_root(diff_id) then return self:layer_root(diff_id), self:layer_meta(diff_id) end
-    return nil, string.format("layer %s: %s", diff_id, tostring(werr)), wcode
+    if self:layer_root(key) then return self:layer_root(key), key end
+    return nil, string.format("layer %s: %s", key, tostring(werr)), wcode
   end
-  return self:layer_dir(diff_id) .. "/root", meta
+  return self:layer_dir(key) .. "/root", key
+end
+
+--[[
+cache:finish_layer(pending, chain, lowers) -> root, key | nil, message, code
+  A layer ensure_layer left pending (hard links to files of the layers
+  below, which Docker's and containerd's unpackers accept): the links are
+  made to those files (lowers: the lower layers' roots, top first; the
+  same inode, no copy) and the layer goes into place under its chain id
+  (the OCI ChainID of the layers up to it), since what it holds depends
+  on them.
+]]
+function Cache:finish_layer(pending, chain, lowers)
+  local ok, err, code = layer.link_lower(pending.tmp .. "/root", lowers, pending.links)
+  if not ok then
+    layer.remove(pending.tmp)
+    return nil, string.format("layer %s: %s", pending.meta.diff_id, err), code
+  end
+  pending.meta.chain = chain
+  pending.meta.lower_links = #pending.links
+  return self:put_layer(pending.tmp, chain, pending.meta)
 end
 
 function Cache:layer_meta(diff_id)
@@ -228,9 +270,15 @@ function Cache:put_image(rec)
   return self:write_json(self:image_path(rec.id), rec)
 end
 
+-- Where a record's layers are: their diff ids, or rec.dirs (a layer with
+-- links into lower ones is stored under its chain id).
+function M.dirs_of(rec)
+  return rec.dirs or rec.layers or {}
+end
+
 -- Every layer of the record is there.
 function Cache:complete(rec)
-  for _, d in ipairs(rec.layers) do
+  for _, d in ipairs(M.dirs_of(rec)) do
     if not self:layer_root(d) then return false end
   end
   return true
@@ -347,7 +395,7 @@ function Cache:collect(opts)
   local function sweep_layers()
     local needed = {}
     for _, rec in ipairs(live) do
-      for _, d in ipairs(rec.layers or {}) do needed[d] = true end
+      for _, d in ipairs(M.dirs_of(rec)) do needed[d] = true end
     end
     local size = 0
     for d, meta in pairs(self:layers()) do
@@ -379,9 +427,9 @@ function Cache:collect(opts)
         end)
         -- Sizes only fall once the layers go: count this image's own.
         local others = {}
-        for j = i + 1, #live do for _, d in ipairs(live[j].layers or {}) do others[d] = true end end
-        for _, r2 in ipairs(still) do for _, d in ipairs(r2.layers or {}) do others[d] = true end end
-        for _, d in ipairs(rec.layers or {}) do
+        for j = i + 1, #live do for _, d in ipairs(M.dirs_of(live[j])) do others[d] = true end end
+        for _, r2 in ipairs(still) do for _, d in ipairs(M.dirs_of(r2)) do others[d] = true end end
+        for _, d in ipairs(M.dirs_of(rec)) do
           if not others[d] then
             local m = self:layer_meta(d)
             size = size - (m and tonumber(m.disk) or 0)

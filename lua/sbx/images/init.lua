@@ -65,8 +65,9 @@ local cache_mod = require "sbx.images.cache"
 local sources = require "sbx.images.sources"
 local registry = require "sbx.images.registry"
 local progress = require "sbx.progress"
+local validate = require "sbx.images.validate"
 
-local json, layer = core.json, core.layer
+local layer = core.layer
 
 local M = {}
 
@@ -91,25 +92,53 @@ end
 
 local function exists(path) return layer.stat(path) ~= nil end
 
-local DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+--[[
+What this process did to the cache since it started (what tests and
+benchmarks count): { fetches = registry images fetched, exports = images
+exported from a daemon, archives = archives read, unpacks = layers
+unpacked }. images.stats() returns a copy.
+]]
+local stats = cache_mod.stats
 
--- The image config's runtime part, flattened for a backend.
-local function flat_config(doc)
-  local c = type(doc.config) == "table" and doc.config or {}
-  local out = {}
-  for _, k in ipairs { "Env", "Cmd", "Entrypoint", "WorkingDir", "User", "Labels", "ExposedPorts", "Volumes", "StopSignal" } do
-    if c[k] ~= nil and c[k] ~= json.null then out[k] = c[k] end
+--[[
+fetch_turn(cache, key) -> turn, waited | nil, message, code
+  One fetch of an image name at a time: within this process the tasks that
+  need key wait for the one fetching it (an event each), across processes
+  a flock (locks/fetch-<hash>) does the same. waited: another fetched it
+  meanwhile, so the cache is to be looked at again before fetching. The
+  turn is a to-be-closed value: <close> ends it.
+]]
+local turns = {}
+local function fetch_turn(cache, key)
+  local k = cache.dir .. "\0" .. key
+  local waited = false
+  while turns[k] do
+    waited = true
+    turns[k]:wait()
   end
-  out.Architecture = doc.architecture
-  out.Os = doc.os
-  out.Variant = doc.variant
-  return out
+  local ev = core.event()
+  turns[k] = ev
+  local function over()
+    if turns[k] == ev then turns[k] = nil end
+    ev:set()
+  end
+  local name = "fetch-" .. layer.sha256(key):sub(8, 39)
+  local lock = layer.lock(cache.dir .. "/locks/" .. name .. ".lock", "ex")
+  if not lock then
+    waited = true
+    local err, code
+    lock, err, code = cache:lock(name, "ex")
+    if not lock then over() return nil, err, code end
+  end
+  return setmetatable({}, { __close = function() lock:close() over() end }), waited
 end
+
+local DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 -- The image table a caller gets from a record.
 local function image_of(cache, rec, key)
   local layers = {}
-  for i, d in ipairs(rec.layers) do layers[i] = cache:layer_dir(d) .. "/root" end
+  for i, d in ipairs(cache_mod.dirs_of(rec)) do layers[i] = cache:layer_dir(d) .. "/root" end
   return {
     digest = rec.id, manifest = rec.manifest, layers = layers, diff_ids = rec.layers,
     config = rec.config, name = key, source = rec.source, size = rec.size,
@@ -118,6 +147,7 @@ local function image_of(cache, rec, key)
 end
 
 -- Runs fns at most n at a time; -> the first failure (message, code) or nil.
+local unpack_layers
 local function run_bounded(fns, n)
   local sbx = require "sbx"
   local sem = sbx.semaphore(n)
@@ -140,54 +170,156 @@ local function run_bounded(fns, n)
   return nil
 end
 
+local MiB = 1024 * 1024
+
+-- A guess of the disk the layers the cache lacks will take: what they
+-- weigh (4x when compressed; an uncompressed docker save layer as it is).
+local function estimate(cache, desc, diff_ids)
+  local n = 0
+  for i, l in ipairs(desc.layers) do
+    if not cache:layer_root(diff_ids[i]) and l.size then
+      local compressed = not l.media_type or l.media_type:find("gzip") or l.media_type:find("zstd")
+      if l.uncompressed then compressed = false end
+      n = n + l.size * (compressed and 4 or 1)
+    end
+  end
+  return n
+end
+
+--[[
+unpack_layers(cache, ipol, desc, diff_ids, chains, meter) -> gc lock, keys | nil, message, code
+  Unpacks the layers of desc the cache lacks, policy.images.parallel at a
+  time, under two budgets every file and directory is charged to before
+  it is written (core.layer.budget): the image's (max_image_bytes less
+  the layers it already has in the cache) and the cache's room
+  (max_bytes less what the cache holds). Before, the least recently used
+  images no box holds go until the likely size fits; when the cache's
+  budget still runs out, every image no box holds goes and it is tried
+  once more. A failure leaves no layer of this import behind (a collect,
+  when no other import is under way). Success: the gc lock (shared) that
+  keeps the new layers until the image is recorded, and where each layer
+  is (its diff id, or its chain id: cache:finish_layer).
+]]
+function unpack_layers(cache, ipol, desc, diff_ids, chains, meter)
+  local have = 0
+  for i, d in ipairs(diff_ids) do
+    local key = cache:layer_root(d) and d or (i > 1 and cache:layer_root(chains[i]) and chains[i])
+    local m = key and cache:layer_meta(key)
+    if m then have = have + (tonumber(m.disk) or 0) end
+  end
+  if have > ipol.max_image_bytes then
+    return nil, string.format("the image's layers take %d bytes: more than policy.images.max_image_bytes (%d)",
+      have, ipol.max_image_bytes), "too_large"
+  end
+  local want = math.min(estimate(cache, desc, diff_ids), ipol.max_image_bytes - have)
+  if cache:size() + want > ipol.max_bytes then
+    cache:collect { max_bytes = math.max(0, ipol.max_bytes - want), keep = { [desc.id] = true }, wait = 0 }
+  end
+  local function attempt()
+    local gc, gerr, gcode = cache:lock("gc", "sh")
+    if not gc then return nil, gerr, gcode end
+    local image = layer.budget(ipol.max_image_bytes - have,
+      string.format("the image unpacks to more than %d bytes (%.0f MiB, policy.images.max_image_bytes)",
+        ipol.max_image_bytes, ipol.max_image_bytes / MiB))
+    local used = cache:size()
+    local room = layer.budget(math.max(0, ipol.max_bytes - used),
+      string.format("the image cache would pass %d bytes (%.0f MiB, policy.images.max_bytes; %d in use)",
+        ipol.max_bytes, ipol.max_bytes / MiB, used))
+    local jobs, got = {}, {}
+    for i, l in ipairs(desc.layers) do
+      jobs[#jobs + 1] = function()
+        local root, key, code = cache:ensure_layer(diff_ids[i], l.input, { image, room }, i > 1 and chains[i] or nil)
+        if not root then return nil, key, code end
+        got[i] = type(root) == "table" and root or key
+        local m = type(key) == "string" and cache:layer_meta(key)
+        meter:step(m and tonumber(m.bytes) or 0)
+        return true
+      end
+    end
+    local err, code = run_bounded(jobs, ipol.parallel)
+    -- Layers with links into lower ones, lowest first, once those are in.
+    local keys = {}
+    for i = 1, #desc.layers do
+      local g = got[i]
+      if type(g) == "table" then
+        if err then
+          layer.remove(g.tmp)
+        else
+          local lowers = {}
+          for j = i - 1, 1, -1 do lowers[#lowers + 1] = cache:layer_dir(keys[j]) .. "/root" end
+          local root, key, fcode = cache:finish_layer(g, chains[i], lowers)
+          if not root then err, code = key, fcode else keys[i] = key end
+        end
+      else
+        keys[i] = g
+      end
+    end
+    if err then
+      gc:close()
+      return nil, err, code, room:over() and not image:over()
+    end
+    return gc, keys
+  end
+  -- On success the second value is the layers' keys, else the message.
+  local gc, keys, code, full = attempt()
+  if not gc and full then
+    -- The cache was full of images nobody holds: they go, and once more.
+    local report = cache:collect { max_bytes = 0, keep = { [desc.id] = true }, wait = 0 }
+    if report and #report.images > 0 then gc, keys, code = attempt() end
+  end
+  if not gc then
+    -- Layers this import finished are no image's: gone, unless another
+    -- import (which may share them) is under way.
+    cache:collect { wait = 0 }
+    return nil, keys, code
+  end
+  return gc, keys
+end
+
 --[[
 install(cache, pol, desc, source, names) -> record | nil, message, code
   Puts what desc describes into the cache: every layer it lacks (checked),
   the blobs, the record, and names -> id.
 ]]
 local function install(cache, pol, desc, source, names, stamp)
-  local doc = json.decode(desc.config_bytes)
-  if type(doc) ~= "table" or type(doc.rootfs) ~= "table" or type(doc.rootfs.diff_ids) ~= "table" then
-    return nil, "the image config has no rootfs.diff_ids: not a container image", "bad_image"
-  end
+  -- Every field a backend reads is checked here, at import.
+  local doc, flat, vcode = validate.config(desc.config_bytes)
+  if not doc then return nil, flat, vcode end
   local diff_ids = doc.rootfs.diff_ids
   if #diff_ids ~= #desc.layers then
     return nil, string.format("the config lists %d layers, the manifest %d", #diff_ids, #desc.layers), "bad_image"
   end
-  for i, d in ipairs(diff_ids) do
-    if type(d) ~= "string" or not d:match("^sha256:%x+$") or #d ~= 71 then
-      return nil, string.format("diff id %d of the config is not a sha256 digest", i), "bad_image"
-    end
-  end
   cache:clean_tmp()
-  local gc <close>, gerr, gcode = cache:lock("gc", "sh")
-  if not gc then return nil, gerr, gcode end
+  local ipol = pol.images
   local old = cache:image(desc.id)
-  if not (old and cache:complete(old)) then
-    local jobs = {}
-    local meter = progress.start("unpacking " .. tostring(names[1] or desc.id), { of = #desc.layers, pol = pol })
-    for i, l in ipairs(desc.layers) do
-      jobs[#jobs + 1] = function()
-        local root, err, code = cache:ensure_layer(diff_ids[i], l.input)
-        if not root then return nil, err, code end
-        local m = cache:layer_meta(diff_ids[i])
-        meter:step(m and tonumber(m.bytes) or 0)
-        return true
-      end
+  -- OCI chain ids: where a layer whose links reach into lower ones is kept.
+  local chains = { diff_ids[1] }
+  for i = 2, #diff_ids do chains[i] = layer.sha256(chains[i - 1] .. " " .. diff_ids[i]) end
+  local function lock_or_unpack()
+    if old and cache:complete(old) then
+      local l, lerr, lcode = cache:lock("gc", "sh")
+      return l, l and cache_mod.dirs_of(old) or lerr, lcode
     end
-    local err, code = run_bounded(jobs, pol.images.parallel)
-    if err then return nil, err, code end
-    meter:finish()
+    local meter = progress.start("unpacking " .. tostring(names[1] or desc.id), { of = #desc.layers, pol = pol })
+    local l, lkeys, lcode = unpack_layers(cache, ipol, desc, diff_ids, chains, meter)
+    if l then meter:finish() end
+    return l, lkeys, lcode
+  end
+  local gc <close>, keys, gcode = lock_or_unpack()
+  if not gc then return nil, keys, gcode end
+  local dirs
+  for i, k in ipairs(keys) do
+    if k ~= diff_ids[i] then dirs = keys end
   end
   local size = 0
-  for _, d in ipairs(diff_ids) do
+  for _, d in ipairs(keys) do
     local m = cache:layer_meta(d)
     size = size + (m and tonumber(m.disk) or 0)
   end
   local arch = doc.architecture and (tostring(doc.os or "linux") .. "/" .. doc.architecture .. (doc.variant and ("/" .. doc.variant) or "")) or nil
   local rec = {
     id = desc.id, manifest = desc.manifest, index = desc.index, source = source,
-    layers = diff_ids, config = flat_config(doc), size = size, platform = arch,
+    layers = diff_ids, dirs = dirs, config = flat, size = size, platform = arch,
     created = doc.created, pulled = os.time(),
   }
   cache:put_blob(desc.id, desc.config_bytes)
@@ -259,6 +391,7 @@ local function from_daemon(cache, pol, d)
   end
   local tmp, terr, tcode = cache:tmpdir()
   if not tmp then return nil, terr, tcode end
+  stats.exports = stats.exports + 1
   local file = tmp .. "/image.tar"
   local r, herr, hcode = require("sbx.http").request {
     url = dm.prefix .. path .. "/get", unix_socket = dm.unix_socket, stream = true,
@@ -308,6 +441,7 @@ end
 
 local function from_registry(cache, pol, d, pull)
   local key = d.canonical
+  stats.fetches = stats.fetches + 1
   local desc, err, code = sources.docker(d, pol.images)
   if not desc then return nil, err, code end
   local old = cache:image(desc.id)
@@ -386,13 +520,25 @@ function M.resolve(ref, opts)
 
   if r.transport == "name" then
     local d = r.docker
-    if pull ~= "always" then
+    local function lookup()
       local best, bkey
       for _, k in ipairs { "docker-daemon:" .. d.canonical, d.canonical } do
         local found, entry = cached(cache, k)
         if found and (not best or (entry.time or 0) > best[2]) then best, bkey = { found, entry.time or 0 }, k end
       end
-      if best then return done(best[1], bkey) end
+      if best then return best[1], bkey end
+    end
+    if pull ~= "always" then
+      local found, k = lookup()
+      if found then return done(found, k) end
+    end
+    local turn <close>, waited, tcode = fetch_turn(cache, d.canonical)
+    if not turn then return nil, waited, tcode end
+    if waited then
+      -- Another task or process fetched it just now: that is the fetch
+      -- this one asked for, pull = "always" included.
+      local found, k = lookup()
+      if found then return done(found, k) end
     end
     local why = {}
     if ipol.daemon then
@@ -407,6 +553,7 @@ function M.resolve(ref, opts)
     -- by the bare name afterwards.
     local file = archive_for(ipol, d)
     if file then
+      stats.archives = stats.archives + 1
       local desc, aerr, acode = sources.docker_archive(file, d, ipol)
       if not desc then return nil, aerr, acode end
       local akey = "docker-archive:" .. file .. ":" .. d.canonical
@@ -428,7 +575,7 @@ function M.resolve(ref, opts)
   end
 
   key = r.key
-  if pull ~= "always" then
+  local function lookup()
     local found, entry = cached(cache, key)
     local stamp_ok = true
     if found and (r.transport == "docker-archive" or r.transport == "oci-archive") then
@@ -436,13 +583,23 @@ function M.resolve(ref, opts)
     elseif found and r.transport == "oci" then
       stamp_ok = entry.stamp == stamp_of(r.path, "index.json")
     end
-    if found and stamp_ok then return done(found, key) end
+    if found and stamp_ok then return found end
+  end
+  if pull ~= "always" then
+    local found = lookup()
+    if found then return done(found, key) end
+  end
+  if r.transport == "docker" and pull == "never" then
+    return nil, string.format("image %s is not in the cache and pull = \"never\"", r.docker.canonical), "not_cached"
+  end
+  local turn <close>, waited, tcode = fetch_turn(cache, key)
+  if not turn then return nil, waited, tcode end
+  if waited then
+    local found = lookup()
+    if found then return done(found, key) end
   end
 
   if r.transport == "docker" then
-    if pull == "never" then
-      return nil, string.format("image %s is not in the cache and pull = \"never\"", r.docker.canonical), "not_cached"
-    end
     rec, err, code = from_registry(cache, pol, r.docker, pull)
   elseif r.transport == "docker-daemon" then
     rec, err, code = from_daemon(cache, pol, r.docker)
@@ -452,10 +609,12 @@ function M.resolve(ref, opts)
     if r.transport == "docker-archive" then
       stamp = stamp_of(r.path)
       if not stamp then return nil, string.format("%s: no such file", describe(r)), "not_found" end
+      stats.archives = stats.archives + 1
       desc, err, code = sources.docker_archive(r.path, r.name, ipol)
     elseif r.transport == "oci-archive" then
       stamp = stamp_of(r.path)
       if not stamp then return nil, string.format("%s: no such file", describe(r)), "not_found" end
+      stats.archives = stats.archives + 1
       desc, err, code = sources.oci_archive(r, ipol)
     else
       stamp = stamp_of(r.path, "index.json")
@@ -628,6 +787,14 @@ function M.prune(opts)
   local cache, err, code = cache_mod.open(pol.images)
   if not cache then return nil, err, code end
   return cache:collect { max_bytes = opts.max_bytes or pol.images.max_bytes, wait = pol.images.lock_timeout }
+end
+
+-- images.stats() -> { fetches, exports, archives, unpacks }: this process's
+-- work on the cache so far (see `stats` above).
+function M.stats()
+  local c = {}
+  for k, v in pairs(stats) do c[k] = v end
+  return c
 end
 
 -- The cache's directory (policy.images.dir or the XDG default).

@@ -419,7 +419,7 @@ function M.platform(pol)
 end
 
 function M.platform_string(p)
-  return p.os .. "/" .. p.architecture .. (p.variant and ("/" .. p.variant) or "")
+  return tostring(p.os) .. "/" .. tostring(p.architecture) .. (p.variant and ("/" .. tostring(p.variant)) or "")
 end
 
 --[[

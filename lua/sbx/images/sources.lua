@@ -13,6 +13,7 @@
 local core = require "sbx.core"
 local registry = require "sbx.images.registry"
 local refs = require "sbx.images.ref"
+local validate = require "sbx.images.validate"
 
 local json, layer = core.json, core.layer
 
@@ -167,6 +168,7 @@ function M.oci_layout(read, input_of, tag, pol, where)
   local names = {}
   for _, d in ipairs(index.manifests) do
     local n = type(d) == "table" and type(d.annotations) == "table" and d.annotations["org.opencontainers.image.ref.name"]
+    if type(n) ~= "string" then n = nil end
     if n then names[#names + 1] = n end
     if tag and n == tag then pick = d end
   end
@@ -180,6 +182,7 @@ function M.oci_layout(read, input_of, tag, pol, where)
     end
     pick = index.manifests[1]
   end
+  if type(pick) ~= "table" then return nil, where .. ": index.json lists a manifest that is not a descriptor", "bad_image" end
   local mbytes, merr, mcode = blob(pick.digest, "the manifest")
   if not mbytes then return nil, merr, mcode end
   local doc = json.decode(mbytes)
@@ -287,10 +290,12 @@ function M.docker_archive(path, name, pol, label)
   if not scan then return nil, string.format("%s: %s", label, err), code end
   local _, resolve = members(scan)
   local mkey = resolve("manifest.json")
-  local manifest = mkey and json.decode(scan.files[mkey] or "")
-  if type(manifest) ~= "table" or #manifest == 0 then
-    return nil, label .. ": no manifest.json: not a docker save archive", "bad_image"
+  if not mkey then return nil, label .. ": no manifest.json: not a docker save archive", "bad_image" end
+  if not scan.files[mkey] then
+    return nil, string.format("%s: manifest.json is larger than %d bytes", label, pol.max_manifest_bytes), "too_large"
   end
+  local manifest, merr, mcode = validate.docker_manifest(scan.files[mkey])
+  if not manifest then return nil, label .. ": " .. merr, mcode end
   local pick, tags = nil, {}
   for _, m in ipairs(manifest) do
     for _, t in ipairs(type(m) == "table" and type(m.RepoTags) == "table" and m.RepoTags or {}) do
@@ -319,10 +324,13 @@ function M.docker_archive(path, name, pol, label)
   if declared and #declared == 64 and "sha256:" .. declared ~= desc.id then
     return nil, string.format("%s: the config %s has the digest %s", label, pick.Config, desc.id), "digest_mismatch"
   end
+  local by = members(scan)
   for i, lname in ipairs(pick.Layers) do
     local key = type(lname) == "string" and resolve(lname)
     if not key then return nil, string.format("%s: layer %d (%s) is not in the archive", label, i, tostring(lname)), "bad_image" end
-    desc.layers[i] = { input = function() return { file = path, member = key } end }
+    -- Its size guesses what it will take (docker save layers are plain tars).
+    local size = by[key] and math.tointeger(by[key].size)
+    desc.layers[i] = { size = size, uncompressed = true, input = function() return { file = path, member = key } end }
   end
   return desc
 end
