@@ -40,6 +40,13 @@
 **        --tmpfs DIR BYTES       a tmpfs of BYTES (mode 0755) on DIR; 0: the
 **                                kernel's default size (half the memory)
 **        --mkdir PATH            a directory (mode 0755), after the tmpfs
+**        --ro-dev PATH           PATH (a host device node) bound onto itself
+**                                read-only, devices still allowed: what
+**                                bubblewrap's --dev binds into the box from
+**                                here is then a node the box can read and
+**                                write but whose mode, owner and times it
+**                                cannot change (box root may be host root);
+**                                a PATH the host lacks is skipped
 **        --overlay LOWERS UPPER WORK MERGED
 **                                an overlay on MERGED: LOWERS is "a:b" (top
 **                                first), UPPER and WORK are made first
@@ -71,6 +78,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <dirent.h>
 #include <unistd.h>
@@ -256,6 +264,39 @@ read_options(int *nargs, char **seccomp, size_t *seccomp_len)
   return args;
 }
 
+/* PATH bound onto itself, read-only: its inode's mode, owner and times are
+** then out of every writer's reach (EROFS) while reads and writes of the
+** device go on. The flags the mount has (some locked by the user
+** namespace: nosuid, noexec, the atime ones) are kept, and nodev is never
+** added. */
+static void
+ro_dev(const char *path)
+{
+  struct stat st;
+  struct statvfs sv;
+  unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+  if (stat(path, &st) != 0 && errno == ENOENT)
+    return;
+  if (mount(path, path, NULL, MS_BIND, NULL) != 0)
+    die("cannot bind %s: %s", path, strerror(errno));
+  if (statvfs(path, &sv) != 0)
+    die("cannot read the mount flags of %s: %s", path, strerror(errno));
+  if (sv.f_flag & ST_NOSUID)
+    flags |= MS_NOSUID;
+  if (sv.f_flag & ST_NODEV)
+    flags |= MS_NODEV;
+  if (sv.f_flag & ST_NOEXEC)
+    flags |= MS_NOEXEC;
+  if (sv.f_flag & ST_NOATIME)
+    flags |= MS_NOATIME;
+  if (sv.f_flag & ST_NODIRATIME)
+    flags |= MS_NODIRATIME;
+  if (sv.f_flag & ST_RELATIME)
+    flags |= MS_RELATIME;
+  if (mount(NULL, path, NULL, flags, NULL) != 0)
+    die("cannot make %s read-only: %s", path, strerror(errno));
+}
+
 struct op {
   const char *name;
   char *const *args;
@@ -321,7 +362,7 @@ main(int argc, char **argv)
       keep_proc = 1;
     else if (strcmp(args[i], "--tmpfs") == 0)
       want = 2;
-    else if (strcmp(args[i], "--mkdir") == 0)
+    else if (strcmp(args[i], "--mkdir") == 0 || strcmp(args[i], "--ro-dev") == 0)
       want = 1;
     else if (strcmp(args[i], "--overlay") == 0)
       want = 4;
@@ -384,6 +425,8 @@ main(int argc, char **argv)
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--mkdir") == 0)
       make_dir(ops[i].args[0]);
+    else if (strcmp(ops[i].name, "--ro-dev") == 0)
+      ro_dev(ops[i].args[0]);
   }
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--overlay") == 0) {

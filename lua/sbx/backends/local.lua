@@ -690,6 +690,13 @@ local function seccomp_program(pol)
 end
 
 local AGENT_PATH = "/dev/sbx-agent"
+-- The host's device nodes bubblewrap's --dev binds into every box
+-- (bubblewrap.c, devnodes[]). As root, box root is host root to them: a
+-- chmod, chown or touch in the box would change the host's own inode.
+-- sbx-launch binds each onto itself read-only first (--ro-dev), so the box
+-- gets them read-only (EROFS for any change of mode, owner or times) and
+-- still reads and writes the devices.
+local HOST_DEVICES = { "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty" }
 -- Where policy.local.busybox appears in a box (grade.lua runs it).
 M.BUSYBOX_PATH = "/dev/busybox-sbx"   -- busybox runs as busybox for argv[0] busybox*
 
@@ -705,6 +712,7 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
   local copy = h.proc_mode == "copy"
   if copy then add("--keep-proc") end
   add("--tmpfs", rw, string.format("%d", spec.disk or 0))
+  for _, d in ipairs(HOST_DEVICES) do add("--ro-dev", d) end
   local workdir = spec.workdir or src.config.workdir
   if src.host then
     add("--mkdir", rw .. "/root")
