@@ -161,7 +161,7 @@ end
 do
   local box = assert(L.box {})
   assert(box:exec("echo before > /work/f"))
-  local ok, err = box.backend.restart(box.handle, sbx.now() + 10)
+  local ok, err = box.impl.restart(box.handle, sbx.now() + 10)
   tap.ok(ok, "restart (" .. tostring(err) .. ")")
   local r = assert(box:exec("cat /work/f 2>/dev/null || echo fresh"))
   tap.is(r.stdout, "fresh\n", "commands run again, in a box fresh from its image")

@@ -26,8 +26,9 @@ local function live(pol) return pol or require("sbx").policy end
 -- cannot be enforced is applied as closely as the backend allows; box.limits
 -- reports what each box got.
 policy.box = {
-  -- "auto": docker when a daemon answers, else local (no daemon needed);
-  -- or "docker", "local", "fargate", "kubernetes".
+  -- "auto": local where it isolates fully and has the image
+  -- (policy.local.auto), else docker when a daemon answers, else local (no
+  -- daemon needed); or "docker", "local", "fargate", "kubernetes".
   backend = "auto",
   image = "debian:bookworm-slim",
   workdir = "/work",            -- created by the daemon if the image lacks it
@@ -760,6 +761,13 @@ policy.fargate = {
 -- a policy writes this block as ["local"] = { ... }.
 policy["local"] = {
   bwrap = "bwrap",              -- bubblewrap (Debian's package); a name is looked up in PATH
+  -- box.backend = "auto" picks this backend, even where a Docker daemon
+  -- answers, when it isolates fully here (user namespaces, a /proc of the
+  -- box's own, cgroups for memory, pids and cpu) and has the box's image
+  -- without a registry or daemon (in sbx's image cache, an archive in
+  -- images.archives, a rootfs); false: auto picks Docker whenever a daemon
+  -- answers.
+  auto = true,
   -- Debian's uidmap, for a user whose /etc/subuid grants a range of ids.
   newuidmap = "newuidmap", newgidmap = "newgidmap",
   -- Where boxes keep what the host must see (owner records, the

@@ -239,6 +239,7 @@ local RULES = {
   ["local.stale_after"] = POS,
   ["local.spares"] = int { ge = 0 },
   ["local.proc"] = str { enum = { "auto", "mount", "copy" } },
+  ["local.auto"] = BOOL,
   ["local.proc_files"] = list(str { check = function(v)
     if not v:match("^[%w_.-]+$") or v == "." or v == ".." then return "must be a file name in /proc" end
   end }),
