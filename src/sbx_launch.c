@@ -55,6 +55,12 @@
 **                                the user namespace exists, so that
 **                                RLIMIT_NPROC counts the box's processes,
 **                                not the user's
+**        --remove DIR            instead of running bubblewrap: DIR and
+**                                everything in it removed, as root of the
+**                                new user namespace (a box's writable layer
+**                                on disk holds files of every id mapped into
+**                                the box, which its user cannot remove), then
+**                                "x" and exit 0
 **        --keep-proc             the host's /proc opened (a directory fd,
 **                                before the namespaces) and left open as fd
 **                                5 for the agent (--proc-fd 5), where the
@@ -63,6 +69,12 @@
 **   6. closes every fd above 3 but the seccomp program's and /proc's, says "x" (the
 **      setup went well; fd 3 closes with the exec), and execs it.
 ** Any failure is one line on stderr and exit status 125.
+**
+**   sbx-launch --usage NSFILE DIR
+** (no socket) enters the user namespace NSFILE (a box's, /proc/PID/ns/user)
+** and prints the bytes DIR's files take on disk (st_blocks, one file
+** system, hard links counted once per link): a box's writable layer, whose
+** directories may belong to ids of the box that sbx's user cannot read.
 */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -81,6 +93,7 @@
 #include <sys/statvfs.h>
 #include <sys/types.h>
 #include <dirent.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #define MAX_OPS 64
@@ -297,6 +310,44 @@ ro_dev(const char *path)
     die("cannot make %s read-only: %s", path, strerror(errno));
 }
 
+/* --usage and --remove: nftw callbacks. */
+static unsigned long long usage_bytes;
+
+static int
+add_usage(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+  (void)path;
+  (void)type;
+  (void)ftw;
+  usage_bytes += (unsigned long long)st->st_blocks * 512ULL;
+  return 0;
+}
+
+static int
+remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+  (void)st;
+  (void)ftw;
+  if ((type == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT)
+    die("cannot remove %s: %s", path, strerror(errno));
+  return 0;
+}
+
+static void __attribute__((noreturn))
+usage_of(const char *nsfile, const char *dir)
+{
+  int fd = open(nsfile, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    die("cannot open %s: %s", nsfile, strerror(errno));
+  if (setns(fd, CLONE_NEWUSER) != 0)
+    die("cannot enter the box's user namespace: %s", strerror(errno));
+  close(fd);
+  if (nftw(dir, add_usage, 32, FTW_PHYS | FTW_MOUNT) != 0)
+    die("cannot measure %s: %s", dir, strerror(errno));
+  printf("%llu\n", usage_bytes);
+  exit(0);
+}
+
 struct op {
   const char *name;
   char *const *args;
@@ -313,6 +364,8 @@ main(int argc, char **argv)
   gid_t gid = getgid();
   pid_t parent;
 
+  if (argc == 4 && strcmp(argv[1], "--usage") == 0)
+    usage_of(argv[2], argv[3]);
   if (argc < 2)
     die("usage: sbx-launch PARENT_PID [--cgroup DIR]... [--dir BOXDIR] (started by sbx)");
   parent = (pid_t)number(argv[1], "PARENT_PID");
@@ -362,7 +415,8 @@ main(int argc, char **argv)
       keep_proc = 1;
     else if (strcmp(args[i], "--tmpfs") == 0)
       want = 2;
-    else if (strcmp(args[i], "--mkdir") == 0 || strcmp(args[i], "--ro-dev") == 0)
+    else if (strcmp(args[i], "--mkdir") == 0 || strcmp(args[i], "--ro-dev") == 0 ||
+             strcmp(args[i], "--remove") == 0)
       want = 1;
     else if (strcmp(args[i], "--overlay") == 0)
       want = 4;
@@ -409,6 +463,17 @@ main(int argc, char **argv)
   /* Nothing mounted here reaches the host's namespace. */
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
     die("cannot make the mounts private: %s", strerror(errno));
+  for (i = 0; i < nops; i++) {
+    if (strcmp(ops[i].name, "--remove") == 0) {
+      struct stat st;
+      if (lstat(ops[i].args[0], &st) == 0 &&
+          nftw(ops[i].args[0], remove_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+        die("cannot remove %s: %s", ops[i].args[0], strerror(errno));
+      if (write(3, "x", 1) != 1)
+        die("cannot tell sbx: %s", strerror(errno));
+      _exit(0);
+    }
+  }
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--tmpfs") == 0) {
       char data[64];

@@ -775,6 +775,24 @@ policy["local"] = {
   -- nil: /run/sbx/local as root, else $XDG_RUNTIME_DIR/sbx/local or
   -- /tmp/sbx-<uid>/local (made 0700, refused when another user owns it).
   state_dir = nil,
+  -- Where a box's writable layer lives: "tmpfs" (host memory: a tmpfs of
+  -- policy.box.disk bytes in the box's own mount namespace, counted against
+  -- the box's memory cgroup where it has one), "disk" (a directory under
+  -- disk_dir on the host's disk, measured every disk_poll seconds; past
+  -- policy.box.disk the box is stopped and its commands end with
+  -- "disk_exceeded"), or "auto": tmpfs as root (the box's memory cgroup
+  -- counts it), disk for a user (no cgroup would count the tmpfs: a box
+  -- could pin host memory up to its disk limit).
+  layer = "auto",
+  -- The directory of "disk" layers; nil: /var/lib/sbx/local as root, else
+  -- $XDG_CACHE_HOME/sbx/local or ~/.cache/sbx/local (made 0700).
+  disk_dir = nil,
+  -- Seconds between measurements of the disk layers (one walk of each
+  -- box's layer by sbx-launch --usage inside the box's user namespace);
+  -- a walk that took t waits at least t / disk_poll_load - t, so measuring
+  -- takes at most that share of the time.
+  disk_poll = 0.25,
+  disk_poll_load = 0.1,
   -- Ids mapped into a box. As root, box ids 0..ids-1 are the same host ids
   -- (image files keep their owners, apt's _apt works); a user's own id is
   -- the box's root and, where /etc/subuid grants a range, ids 1..ids-1 come
