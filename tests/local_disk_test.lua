@@ -62,5 +62,43 @@ do
   tap.is(sbx.core.path_type(dir), nil, "close removes its layer")
 end
 
+-- kill -9 of sbx leaves a layer on disk; `sbx reap --backend local` removes
+-- it, files of every id in it.
+do
+  local bin = os.getenv("SBX_BIN") or "build/sbx"
+  local script = os.tmpname() .. ".lua"
+  local f = assert(io.open(script, "w"))
+  f:write([[
+local sbx = require "sbx"
+local L = require "local_helper"
+sbx.use_policy { ["local"] = { layer = "disk" } }
+local b = assert(L.box {})
+assert(b:exec("mkdir -p /tmp/d/e && echo x > /tmp/d/e/f && chown -R 1000:1000 /tmp/d 2>/dev/null; chmod 700 /tmp/d /tmp/d/e"))
+print("READY " .. b.handle.disk)
+io.stdout:flush()
+sbx.sleep(120)
+]])
+  f:close()
+  local out = os.tmpname()
+  local pid = tonumber((L.sh(string.format("%s run %s > %s 2>&1 & echo $!", L.q(bin), L.q(script), L.q(out)))))
+  local dir
+  local t0 = sbx.now()
+  while not dir and sbx.now() - t0 < 60 do
+    local o = io.open(out)
+    dir = o and o:read("a"):match("READY (%S+)")
+    if o then o:close() end
+    if not dir then sbx.sleep(0.05) end
+  end
+  tap.ok(dir and sbx.core.path_type(dir) == "dir", "a child sbx made a box with a disk layer: " .. tostring(dir))
+  L.sh("kill -9 " .. pid)
+  t0 = sbx.now()
+  while #L.host_procs("bwrap.*" .. tostring(dir):match("[^/]+$")) > 0 and sbx.now() - t0 < 30 do sbx.sleep(0.05) end
+  tap.ok(dir and sbx.core.path_type(dir) == "dir", "kill -9 of sbx leaves the layer")
+  local r = L.sh(L.q(bin) .. " reap --backend local")
+  tap.is(dir and sbx.core.path_type(dir), nil, "sbx reap --backend local removes it: " .. r:gsub("\n", " | "))
+  os.remove(script)
+  os.remove(out)
+end
+
 L.relay_users(tap, "tests/local_disk_test.lua", os.getenv("SBX_TEST_IMAGE") or "sbx-debian:12")
 tap.done()
