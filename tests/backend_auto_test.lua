@@ -61,6 +61,10 @@ do
   tap.is(B.backend_name("auto", { image = H.image, docker_host = "unix:///var/run/docker.sock" }), "docker",
     "a named daemon means Docker")
   tap.is(B.backend_name("auto", { image = "rootfs:/" }), "local", "a rootfs image means local")
+  if full and have then
+    tap.is(B.backend_name("auto", { image = H.image, network = "bridge" }), want,
+      "network = \"bridge\", which the local backend cannot give: " .. want)
+  end
   local off = sbx.merge_policy(sbx.deep_copy(sbx.policy), { ["local"] = { auto = false } })
   tap.is(B.backend_name("auto", { image = H.image }, off), want,
     "policy.local.auto = false: " .. want .. " (Docker wherever a daemon answers)")

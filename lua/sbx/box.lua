@@ -52,7 +52,8 @@ local session_shell = require "sbx.session_shell"
 -- Else the local backend where it isolates fully here (user namespaces, a
 -- proc of the box's own, cgroups for memory, pids and cpu:
 -- backends.local.full) and has the box's image without a registry or a
--- daemon (images.available), unless policy.local.auto is false: it starts
+-- daemon (images.available) and can hold every isolation option the box
+-- sets (backends.local.limits), unless policy.local.auto is false: it starts
 -- and runs commands many times faster than Docker (README, Numbers). Else
 -- docker when a daemon answers on one of the usual sockets, else local
 -- (what it cannot enforce, box.limits says). The daemon is asked once per
@@ -68,7 +69,17 @@ function M.backend_name(name, opts, pol)
   if opts and opts.layers then return "local" end
   if pol["local"].auto and type(image) == "string" then
     local lb = require "sbx.backends.local"
-    if lb.full(pol) and require("sbx.images").available(image, { policy = pol }) then return "local" end
+    if lb.full(pol) and require("sbx.images").available(image, { policy = pol }) then
+      -- and it can hold every option the box sets (network = "bridge" it cannot)
+      local spec = {}
+      for k, v in pairs(pol.box) do spec[k] = v end
+      for k, v in pairs(opts or {}) do spec[k] = v end
+      local holds = true
+      for k, l in pairs(lb.limits(spec, pol)) do
+        if l.enforced == false and spec[k] ~= nil and spec[k] ~= false then holds = false end
+      end
+      if holds then return "local" end
+    end
   end
   if daemon_answers == nil then
     daemon_answers = require("sbx.backends.docker").connect(nil, core.now() + pol.docker.auto_timeout) and true or false
