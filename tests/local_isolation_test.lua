@@ -116,6 +116,12 @@ do
   local r = assert(box:exec("for d in " .. table.concat(nodes, " ") .. " /dev/sbx-agent /dev/busybox-sbx; do " ..
     "chmod a+r $d; chown 0:0 $d; chgrp 0 $d; touch $d; touch -a $d; done 2>&1; echo end"))
   tap.like(r.stdout, "end\n$", "the box tried chmod, chown, chgrp and touch on every host node it sees")
+  -- setxattr(2) on each: metadata too (x86_64 number 188).
+  local xattr = {}
+  for _, d in ipairs(nodes) do
+    xattr[#xattr + 1] = sys(box, 188, "$s[0], $s[1], $s[2], 1, 0", { d, "user.sbx", "1" })
+  end
+  tap.ok(not table.concat(xattr, " "):find("ok"), "setxattr on them fails: " .. table.concat(xattr, ", "))
   tap.is(host_stat(), before, "the host's device nodes (and sbx's busybox) keep mode, owner and ctime", r.stdout)
   if root then
     tap.like(r.stdout, "chmod: changing permissions of '/dev/null': Read%-only file system",
