@@ -780,8 +780,9 @@ policy["local"] = {
   -- the box's memory cgroup where it has one), "disk" (a directory under
   -- disk_dir on the host's disk, measured every disk_poll seconds; past
   -- policy.box.disk the box is stopped and its commands end with
-  -- "disk_exceeded"), or "auto": tmpfs as root (the box's memory cgroup
-  -- counts it), disk for a user (no cgroup would count the tmpfs: a box
+  -- "disk_exceeded"), or "auto": the tmpfs where the box has a memory
+  -- cgroup (it counts the tmpfs's pages: as root), else disk (a user
+  -- without a delegated cgroup: nothing would count the tmpfs, and a box
   -- could pin host memory up to its disk limit).
   layer = "auto",
   -- The directory of "disk" layers; nil: /var/lib/sbx/local as root, else

@@ -267,7 +267,8 @@ end
 local function disk_layer(pol, src)
   local lp = lpol(pol)
   if src.host or lp.layer == "tmpfs" then return false end
-  return lp.layer == "disk" or get_facts(pol).ids.kind ~= "range"
+  -- auto: on disk where no memory cgroup would count the tmpfs's pages
+  return lp.layer == "disk" or not get_facts(pol).cgroups.memory
 end
 
 -- Isolation ---------------------------------------------------------------------------
