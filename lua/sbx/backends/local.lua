@@ -1175,7 +1175,10 @@ local function start(h, spec, pol, deadline)
   -- comes next. A mount or rlimit it could not set is said here instead.
   ev = sync:wait(math.max(0.001, deadline - core.now()))
   if ev ~= "data" or sync:take(true) ~= "x" then
-    return fail("the box could not be set up", ev == "timeout" and "timeout" or "launch_failed")
+    local where = h.disk and string.format(" (its writable layer is on disk under %s: an overlay needs a file " ..
+      "system with user xattrs there; policy.local.disk_dir names another directory, layer = \"tmpfs\" keeps it " ..
+      "in memory)", h.disk) or ""
+    return fail("the box could not be set up" .. where, ev == "timeout" and "timeout" or "launch_failed")
   end
   sync:close()
   h.sync = nil
