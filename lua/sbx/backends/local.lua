@@ -50,6 +50,7 @@ local read_file = require("sbx.fs").read
 local S = core.sandbox
 
 local M = {}
+local disk_root_path   -- below
 
 local function sbx_mod() return require "sbx" end
 local function lpol(pol) return (pol or sbx_mod().policy)["local"] end
@@ -263,12 +264,57 @@ function M.full(pol)
   return true
 end
 
+-- Where disk layers go (policy.local.disk_dir or its default).
+disk_root_path = function(pol)
+  local dir = lpol(pol).disk_dir
+  if dir then return dir end
+  local uid = S.ids()
+  if uid == 0 then return "/var/lib/sbx/local" end
+  local base = os.getenv("XDG_CACHE_HOME")
+  if not base or base:sub(1, 1) ~= "/" then
+    local home = os.getenv("HOME")
+    base = home and home:sub(1, 1) == "/" and (home .. "/.cache") or ("/var/tmp/sbx-" .. uid)
+  end
+  return base .. "/sbx/local"
+end
+
+-- The type of the file system that holds path: the longest mount point in
+-- /proc/self/mountinfo that is path or above it.
+local function fs_type(path)
+  local best, fstype = -1, nil
+  for line in (read_file("/proc/self/mountinfo") or ""):gmatch("[^\n]+") do
+    local mnt, ft = line:match("^%S+ %S+ %S+ %S+ (%S+) .- %- (%S+) ")
+    if mnt then
+      mnt = mnt:gsub("\\(%d%d%d)", function(o) return string.char(tonumber(o, 8)) end)
+      local under = mnt == "/" or path == mnt or path:sub(1, #mnt + 1) == mnt .. "/"
+      if under and #mnt >= best then best, fstype = #mnt, ft end
+    end
+  end
+  return fstype
+end
+
+-- Can the disk root hold an overlay's upper directory? (Not on overlayfs
+-- itself, as a container's root is.) true | false, why; asked once per dir.
+local disk_checked = {}
+local function disk_usable(pol)
+  local dir = disk_root_path(pol)
+  if disk_checked[dir] == nil then
+    local ft = fs_type(dir)
+    disk_checked[dir] = ft ~= "overlay" or string.format("%s is on overlayfs (a container's root?), which cannot " ..
+      "hold an overlay's upper directory; policy.local.disk_dir can name a directory on another file system", dir)
+  end
+  return disk_checked[dir] == true, disk_checked[dir]
+end
+
 -- Is the box's writable layer on disk (policy.local.layer)? src: { host }.
+-- false, why: a tmpfs although no memory cgroup counts it.
 local function disk_layer(pol, src)
   local lp = lpol(pol)
   if src.host or lp.layer == "tmpfs" then return false end
+  if lp.layer == "disk" then return true end
   -- auto: on disk where no memory cgroup would count the tmpfs's pages
-  return lp.layer == "disk" or not get_facts(pol).cgroups.memory
+  if get_facts(pol).cgroups.memory then return false end
+  return disk_usable(pol)
 end
 
 -- Isolation ---------------------------------------------------------------------------
@@ -341,13 +387,15 @@ function M.limits(spec, pol)
     out.cpus = { enforced = false, note = "no cgroup with the cpu controller that sbx may write; no rlimit caps a rate " ..
       "(" .. tostring(cg.why or "cpu controller missing") .. ")" }
   end
-  if disk_layer(pol, { host = spec.image == "host" }) then
+  local on_disk, why_not = disk_layer(pol, { host = spec.image == "host" })
+  if on_disk then
     out.disk = { enforced = "watched", note = string.format("the box's writable layer is a directory on the host's " ..
       "disk; sbx measures it every %g s (policy.local.disk_poll) and stops the box past the limit " ..
       "(disk_exceeded); a fast writer gets further before that", lpol(pol).disk_poll) }
   else
     out.disk = { enforced = "kernel", note = "the box's writable layer is a tmpfs of this size (its pages are host memory" ..
-      (cg.memory and ", counted against the box's memory limit)" or "; no memory cgroup counts them)") }
+      (cg.memory and ", counted against the box's memory limit)" or "; no memory cgroup counts them" ..
+      (why_not and (": not on disk because " .. why_not) or "") .. ")") }
   end
   -- disk = false asks nothing: the tmpfs then has the kernel's default
   -- size, half the host's memory.
@@ -488,19 +536,7 @@ end
 local disk_roots = {}
 local function disk_root(pol)
   local uid = S.ids()
-  local dir = lpol(pol).disk_dir
-  if not dir then
-    if uid == 0 then
-      dir = "/var/lib/sbx/local"
-    else
-      local base = os.getenv("XDG_CACHE_HOME")
-      if not base or base:sub(1, 1) ~= "/" then
-        local home = os.getenv("HOME")
-        base = home and home:sub(1, 1) == "/" and (home .. "/.cache") or ("/var/tmp/sbx-" .. uid)
-      end
-      dir = base .. "/sbx/local"
-    end
-  end
+  local dir = disk_root_path(pol)
   if disk_roots[dir] then return dir end
   local ok, err = make_dirs(dir, tonumber("700", 8))
   if not ok then return nil, "cannot make the directory of disk layers: " .. tostring(err), "state_dir" end
