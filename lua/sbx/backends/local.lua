@@ -16,10 +16,13 @@
 --       user and mount namespaces and says "u"; sbx writes the id map (as
 --       root: 65536 ids, 0..65535 -> the same host ids; a user: newuidmap
 --       with the /etc/subuid range, or the launcher's own single id) and
---       says "g". It mounts a tmpfs of policy.box.disk bytes (the box's
---       writable layer) on the box's directory and an overlay (userxattr)
---       of the image's layers under it, sets the rlimits, closes what it
---       must not pass on, says "x" and execs
+--       says "g". It binds the host's device nodes that bubblewrap's --dev
+--       takes onto themselves read-only (box root may be host root), mounts
+--       the box's writable layer (a tmpfs of policy.box.disk bytes on the
+--       box's directory, or a directory on disk: policy.local.layer, "Disk
+--       layers" below) and an overlay (userxattr) of the image's layers
+--       under it, sets the rlimits, closes what it must not pass on, says
+--       "x" and execs
 --   bubblewrap (Debian's, not setuid)
 --       as uid 0 of that user namespace: the other namespaces, the overlay
 --       as /, /proc (its /sys read-only), /dev, the agent read-only at
