@@ -64,6 +64,8 @@ do
   if full and have then
     tap.is(B.backend_name("auto", { image = H.image, network = "bridge" }), want,
       "network = \"bridge\", which the local backend cannot give: " .. want)
+    tap.is(B.backend_name("auto", { image = H.image, host_config = { Privileged = false } }), want,
+      "an option only Docker takes (host_config): " .. want)
   end
   local off = sbx.merge_policy(sbx.deep_copy(sbx.policy), { ["local"] = { auto = false } })
   tap.is(B.backend_name("auto", { image = H.image }, off), want,

@@ -74,8 +74,9 @@ function M.backend_name(name, opts, pol)
       local spec = {}
       for k, v in pairs(pol.box) do spec[k] = v end
       for k, v in pairs(opts or {}) do spec[k] = v end
-      local holds = true
-      for k, l in pairs(lb.limits(spec, pol)) do
+      -- (and takes every option given: Docker's host_config it does not)
+      local holds = opts == nil or sbx.policy_check.box_options(opts, lb) == true
+      for k, l in pairs(holds and lb.limits(spec, pol) or {}) do
         if l.enforced == false and spec[k] ~= nil and spec[k] ~= false then holds = false end
       end
       if holds then return "local" end
