@@ -44,8 +44,8 @@ do
   -- Files of other ids of the box, in a directory its user cannot enter:
   -- close removes them too (inside the box's id map).
   r = assert(box:exec("mkdir -p /tmp/d/e && echo x > /tmp/d/e/f && chown -R 1000:1000 /tmp/d 2>/dev/null; " ..
-    "chmod 700 /tmp/d /tmp/d/e; chmod 400 /tmp/d/e/f; ls /tmp/d/e"))
-  tap.is(r.stdout, "f\n", "the box made a private directory tree")
+    "chmod 700 /tmp/d /tmp/d/e; chmod 400 /tmp/d/e/f; rm -rf /etc/issue /usr/share/doc; ls /tmp/d/e"))
+  tap.is(r.stdout, "f\n", "the box made a private directory tree (and whiteouts of image files)")
   local dir = box.handle.disk
   tap.ok(dir and sbx.core.path_type(dir) == "dir", "its layer is a directory on the host: " .. tostring(dir))
   tap.ok(box:close(), "the box closes")
