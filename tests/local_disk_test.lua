@@ -102,6 +102,11 @@ sbx.sleep(120)
   tap.is(dir and sbx.core.path_type(dir), nil, "sbx reap --backend local removes it: " .. r:gsub("\n", " | "))
   os.remove(script)
   os.remove(out)
+  -- A layer whose record is gone (an older reaper took it) goes once stale.
+  local orphan = dir and (dir:match("^(.*)/[^/]+$") .. "/0000orphan" .. sbx.core.pid())
+  L.sh("mkdir -p " .. L.q(orphan .. "/upper/x") .. " && touch -d '2 hours ago' " .. L.q(orphan))
+  r = L.sh(L.q(bin) .. " reap --backend local")
+  tap.is(sbx.core.path_type(orphan), nil, "and a stale layer without a box record: " .. r:gsub("\n", " | "))
 end
 
 L.relay_users(tap, "tests/local_disk_test.lua", os.getenv("SBX_TEST_IMAGE") or "sbx-debian:12")

@@ -1426,6 +1426,18 @@ function M.reap(opts, pol)
       report.kept = report.kept + 1
     end
   end
+  -- Disk layers whose box has no record any more (a reaper that knew no
+  -- disk layers removed it), once stale.
+  local droot = disk_root_path(pol)
+  for _, id in ipairs(S.list(droot .. "/boxes") or {}) do
+    local ddir = droot .. "/boxes/" .. id
+    local st = S.stat(ddir)
+    if not exists(root .. "/boxes/" .. id) and st and now - st.mtime > lpol(pol).stale_after then
+      report.removed[#report.removed + 1] = { id = id, name = id, reason = "a disk layer without a box" }
+      local progs = not opts.dry_run and ensure_programs(root)
+      if progs then remove_disk(ddir, progs, pol, core.now() + lpol(pol).destroy_wait) end
+    end
+  end
   -- The image cache's half-done downloads and unpackings of processes
   -- that died (an sbx killed while it made a box from a new image).
   local ok, cache = pcall(require("sbx.images.cache").open, pol.images)
