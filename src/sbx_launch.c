@@ -40,6 +40,13 @@
 **        --tmpfs DIR BYTES       a tmpfs of BYTES (mode 0755) on DIR; 0: the
 **                                kernel's default size (half the memory)
 **        --mkdir PATH            a directory (mode 0755), after the tmpfs
+**        --ro-dev PATH           PATH (a host device node) bound onto itself
+**                                read-only, devices still allowed: what
+**                                bubblewrap's --dev binds into the box from
+**                                here is then a node the box can read and
+**                                write but whose mode, owner and times it
+**                                cannot change (box root may be host root);
+**                                a PATH the host lacks is skipped
 **        --overlay LOWERS UPPER WORK MERGED
 **                                an overlay on MERGED: LOWERS is "a:b" (top
 **                                first), UPPER and WORK are made first
@@ -48,6 +55,12 @@
 **                                the user namespace exists, so that
 **                                RLIMIT_NPROC counts the box's processes,
 **                                not the user's
+**        --remove DIR            instead of running bubblewrap: DIR and
+**                                everything in it removed, as root of the
+**                                new user namespace (a box's writable layer
+**                                on disk holds files of every id mapped into
+**                                the box, which its user cannot remove), then
+**                                "x" and exit 0
 **        --keep-proc             the host's /proc opened (a directory fd,
 **                                before the namespaces) and left open as fd
 **                                5 for the agent (--proc-fd 5), where the
@@ -56,6 +69,12 @@
 **   6. closes every fd above 3 but the seccomp program's and /proc's, says "x" (the
 **      setup went well; fd 3 closes with the exec), and execs it.
 ** Any failure is one line on stderr and exit status 125.
+**
+**   sbx-launch --usage NSFILE DIR
+** (no socket) enters the user namespace NSFILE (a box's, /proc/PID/ns/user)
+** and prints the bytes DIR's files take on disk (st_blocks, one file
+** system, hard links counted once per link): a box's writable layer, whose
+** directories may belong to ids of the box that sbx's user cannot read.
 */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -71,8 +90,10 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <dirent.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #define MAX_OPS 64
@@ -256,6 +277,77 @@ read_options(int *nargs, char **seccomp, size_t *seccomp_len)
   return args;
 }
 
+/* PATH bound onto itself, read-only: its inode's mode, owner and times are
+** then out of every writer's reach (EROFS) while reads and writes of the
+** device go on. The flags the mount has (some locked by the user
+** namespace: nosuid, noexec, the atime ones) are kept, and nodev is never
+** added. */
+static void
+ro_dev(const char *path)
+{
+  struct stat st;
+  struct statvfs sv;
+  unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+  if (stat(path, &st) != 0 && errno == ENOENT)
+    return;
+  if (mount(path, path, NULL, MS_BIND, NULL) != 0)
+    die("cannot bind %s: %s", path, strerror(errno));
+  if (statvfs(path, &sv) != 0)
+    die("cannot read the mount flags of %s: %s", path, strerror(errno));
+  if (sv.f_flag & ST_NOSUID)
+    flags |= MS_NOSUID;
+  if (sv.f_flag & ST_NODEV)
+    flags |= MS_NODEV;
+  if (sv.f_flag & ST_NOEXEC)
+    flags |= MS_NOEXEC;
+  if (sv.f_flag & ST_NOATIME)
+    flags |= MS_NOATIME;
+  if (sv.f_flag & ST_NODIRATIME)
+    flags |= MS_NODIRATIME;
+  if (sv.f_flag & ST_RELATIME)
+    flags |= MS_RELATIME;
+  if (mount(NULL, path, NULL, flags, NULL) != 0)
+    die("cannot make %s read-only: %s", path, strerror(errno));
+}
+
+/* --usage and --remove: nftw callbacks. */
+static unsigned long long usage_bytes;
+
+static int
+add_usage(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+  (void)path;
+  (void)type;
+  (void)ftw;
+  usage_bytes += (unsigned long long)st->st_blocks * 512ULL;
+  return 0;
+}
+
+static int
+remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+  (void)st;
+  (void)ftw;
+  if ((type == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT)
+    die("cannot remove %s: %s", path, strerror(errno));
+  return 0;
+}
+
+static void __attribute__((noreturn))
+usage_of(const char *nsfile, const char *dir)
+{
+  int fd = open(nsfile, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    die("cannot open %s: %s", nsfile, strerror(errno));
+  if (setns(fd, CLONE_NEWUSER) != 0)
+    die("cannot enter the box's user namespace: %s", strerror(errno));
+  close(fd);
+  if (nftw(dir, add_usage, 32, FTW_PHYS | FTW_MOUNT) != 0)
+    die("cannot measure %s: %s", dir, strerror(errno));
+  printf("%llu\n", usage_bytes);
+  exit(0);
+}
+
 struct op {
   const char *name;
   char *const *args;
@@ -272,6 +364,8 @@ main(int argc, char **argv)
   gid_t gid = getgid();
   pid_t parent;
 
+  if (argc == 4 && strcmp(argv[1], "--usage") == 0)
+    usage_of(argv[2], argv[3]);
   if (argc < 2)
     die("usage: sbx-launch PARENT_PID [--cgroup DIR]... [--dir BOXDIR] (started by sbx)");
   parent = (pid_t)number(argv[1], "PARENT_PID");
@@ -321,7 +415,8 @@ main(int argc, char **argv)
       keep_proc = 1;
     else if (strcmp(args[i], "--tmpfs") == 0)
       want = 2;
-    else if (strcmp(args[i], "--mkdir") == 0)
+    else if (strcmp(args[i], "--mkdir") == 0 || strcmp(args[i], "--ro-dev") == 0 ||
+             strcmp(args[i], "--remove") == 0)
       want = 1;
     else if (strcmp(args[i], "--overlay") == 0)
       want = 4;
@@ -369,6 +464,17 @@ main(int argc, char **argv)
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
     die("cannot make the mounts private: %s", strerror(errno));
   for (i = 0; i < nops; i++) {
+    if (strcmp(ops[i].name, "--remove") == 0) {
+      struct stat st;
+      if (lstat(ops[i].args[0], &st) == 0 &&
+          nftw(ops[i].args[0], remove_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+        die("cannot remove %s: %s", ops[i].args[0], strerror(errno));
+      if (write(3, "x", 1) != 1)
+        die("cannot tell sbx: %s", strerror(errno));
+      _exit(0);
+    }
+  }
+  for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--tmpfs") == 0) {
       char data[64];
       unsigned long long size = number(ops[i].args[1], "the tmpfs size");
@@ -384,6 +490,8 @@ main(int argc, char **argv)
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--mkdir") == 0)
       make_dir(ops[i].args[0]);
+    else if (strcmp(ops[i].name, "--ro-dev") == 0)
+      ro_dev(ops[i].args[0]);
   }
   for (i = 0; i < nops; i++) {
     if (strcmp(ops[i].name, "--overlay") == 0) {

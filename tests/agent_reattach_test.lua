@@ -110,7 +110,7 @@ sbx.use_policy { agent = { reattach_timeout = 20, attach_timeout = 5, reattach_g
 local gbox = assert(sbx.box { image = H.image, docker_host = "unix://" .. sock, transport = "agent" })
 assert(gbox:spawn("sleep 300"))
 local gpid = gbox.tstate.agent_pid
-local backend = gbox.backend
+local backend = gbox.impl
 local attach = backend.agent_attach
 backend.agent_attach = function() return nil, "the test allows no way back", "unsupported" end
 local pending = sbx.spawn(function() return { gbox:exec("sleep 60") } end)

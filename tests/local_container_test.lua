@@ -17,6 +17,25 @@ local H = require "helper"
 
 local build = (H.sbx_bin:match("^(.*)/sbx$")) or "build"
 local tag = "sbx-local-container-test:latest"
+
+-- What the test image is built from: a daemon to build and run it, the
+-- locally built sbx-debian:12 and its `docker save` archive (both made by
+-- scripts/build-images.sh). Without them this file says so and skips.
+local ARCHIVE = "/var/lib/sbx/images/sbx-debian:12.tar"
+local missing
+if select(2, H.sh("timeout 20 docker version --format '{{.Server.Version}}'")) ~= 0 then
+  missing = "no Docker daemon answers (docker version)"
+elseif select(2, H.sh("docker image inspect sbx-debian:12 >/dev/null")) ~= 0 then
+  missing = "the daemon has no sbx-debian:12 image (scripts/build-images.sh builds it)"
+elseif require("sbx").core.path_type(ARCHIVE) ~= "file" then
+  missing = ARCHIVE .. " is missing (scripts/build-images.sh writes it)"
+end
+if missing then
+  tap.skip("sbx in containers the test starts", missing)
+  tap.done()
+  return
+end
+
 local out, code = H.sh("tests/local_container_image.sh " .. build .. " " .. tag)
 tap.is(code, 0, "the test image was built from this tree: " .. out:sub(1, 300))
 

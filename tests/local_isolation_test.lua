@@ -101,6 +101,39 @@ do
   tap.like(r.stdout, "rc=1", "no sysrq-trigger")
 end
 
+-- The host's device nodes (issue 17): as root, box root is host root to the
+-- nodes bubblewrap binds into /dev; chmod, chown and touch in the box must
+-- leave the host's inodes as they were, while the devices still work.
+do
+  local nodes = { "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty" }
+  local busybox = sbx.policy["local"].busybox
+  local watched = table.concat(nodes, " ") .. (sbx.core.path_type(busybox) and (" " .. busybox) or "")
+  -- mode, owner, group and the change time to the nanosecond
+  local function host_stat() return (H.sh("stat -L -c '%n %a %u %g %z' " .. watched)) end
+  local before = host_stat()
+  -- Each change sets what is there already (a failing run must not break
+  -- the host's /dev/null for everyone else); the ctime still tells.
+  local r = assert(box:exec("for d in " .. table.concat(nodes, " ") .. " /dev/sbx-agent /dev/busybox-sbx; do " ..
+    "chmod a+r $d; chown 0:0 $d; chgrp 0 $d; touch $d; touch -a $d; done 2>&1; echo end"))
+  tap.like(r.stdout, "end\n$", "the box tried chmod, chown, chgrp and touch on every host node it sees")
+  -- setxattr(2) on each: metadata too (x86_64 number 188).
+  local xattr = {}
+  for _, d in ipairs(nodes) do
+    xattr[#xattr + 1] = sys(box, 188, "$s[0], $s[1], $s[2], 1, 0", { d, "user.sbx", "1" })
+  end
+  tap.ok(not table.concat(xattr, " "):find("ok"), "setxattr on them fails: " .. table.concat(xattr, ", "))
+  tap.is(host_stat(), before, "the host's device nodes (and sbx's busybox) keep mode, owner and ctime", r.stdout)
+  if root then
+    tap.like(r.stdout, "chmod: changing permissions of '/dev/null': Read%-only file system",
+      "as root the box's nodes are read-only binds (EROFS), not its own to change")
+  end
+  r = assert(box:exec("stat -c '%a' /dev/null /dev/zero /dev/full /dev/urandom"))
+  tap.is(r.stdout, string.rep("666\n", 4), "the box still sees them as they are on the host")
+  r = assert(box:exec("echo hi > /dev/null && echo null; head -c 3 /dev/zero | od -An -tx1; " ..
+    "head -c 16 /dev/urandom | wc -c; head -c 16 /dev/random | wc -c; (echo x > /dev/full) 2>&1 | grep -c 'No space'"))
+  tap.is(r.stdout, "null\n 00 00 00\n16\n16\n1\n", "and /dev/null, zero, urandom, random and full still work")
+end
+
 -- The host's files and processes ----------------------------------------------------------
 do
   local r = assert(box:exec("cat " .. marker .. " 2>&1; ls /sys | wc -l; cat /etc/hostname"))

@@ -16,6 +16,9 @@ export SBX_TEST_IMAGE=${SBX_TEST_IMAGE:-sbx-debian:12}
 export SBX_TEST_BUSYBOX=${SBX_TEST_BUSYBOX:-sbx-busybox:latest}
 export SBX_BIN="$PWD/$build/sbx"
 export LUA_PATH="$PWD/tests/?.lua;;"
+# backend = "auto" picks Docker in this suite wherever a daemon answers
+# (tests/data/suite_policy.lua); backend_auto_test.lua tries auto itself.
+export SBX_POLICY=${SBX_POLICY:-$PWD/tests/data/suite_policy.lua}
 limit=${SBX_TEST_TIMEOUT:-600}
 
 passed=0 failed=0 skipped=0

@@ -87,7 +87,7 @@ tap.is(code, 2, "nor require modules")
 write(dir .. "/view.lua", string.format([[
 return {
   { id = "reach", box = { image = %q }, run = function(box)
-      if box.backend ~= nil or box.handle ~= nil or box.spec ~= nil then return "reached" end
+      if box.backend ~= nil or box.impl ~= nil or box.handle ~= nil or box.spec ~= nil then return "reached" end
       if pcall(function() box.handle = 1 end) then return "wrote" end
       if getmetatable(box) then return "metatable" end
       local tl = box:tools()

@@ -49,20 +49,44 @@ local run_hook   -- below: a policy hook under its deadline
 
 -- "auto" (the default backend): docker when a daemon is named (the
 -- docker_host option or policy, DOCKER_HOST: asking for a daemon is asking
--- for docker, and a dead one is an error, not a silent change of backend)
--- or answers on one of the usual sockets; else local. Asked once per
--- process: a daemon that starts later is not noticed.
-local auto_choice
+-- for docker, and a dead one is an error, not a silent change of backend).
+-- Else the local backend where it isolates fully here (user namespaces, a
+-- proc of the box's own, cgroups for memory, pids and cpu:
+-- backends.local.full) and has the box's image without a registry or a
+-- daemon (images.available) and can hold every isolation option the box
+-- sets (backends.local.limits), unless policy.local.auto is false: it starts
+-- and runs commands many times faster than Docker (README, Numbers). Else
+-- docker when a daemon answers on one of the usual sockets, else local
+-- (what it cannot enforce, box.limits says). The daemon is asked once per
+-- process: one that starts later is not noticed.
+local daemon_answers
 function M.backend_name(name, opts, pol)
   if name ~= "auto" then return name end
   pol = pol or sbx.policy
   local env = os.getenv("DOCKER_HOST")
   if (opts and opts.docker_host) or pol.box.docker_host or (env and env ~= "") then return "docker" end
-  if auto_choice == nil then
-    local d = require("sbx.backends.docker").connect(nil, core.now() + pol.docker.auto_timeout)
-    auto_choice = d and "docker" or "local"
+  local image = opts and opts.image or pol.box.image
+  if type(image) == "string" and (image == "host" or image:match("^rootfs:")) then return "local" end
+  if opts and opts.layers then return "local" end
+  if pol["local"].auto and type(image) == "string" then
+    local lb = require "sbx.backends.local"
+    if lb.full(pol) and require("sbx.images").available(image, { policy = pol }) then
+      -- and it can hold every option the box sets (network = "bridge" it cannot)
+      local spec = {}
+      for k, v in pairs(pol.box) do spec[k] = v end
+      for k, v in pairs(opts or {}) do spec[k] = v end
+      -- (and takes every option given: Docker's host_config it does not)
+      local holds = opts == nil or sbx.policy_check.box_options(opts, lb) == true
+      for k, l in pairs(holds and lb.limits(spec, pol) or {}) do
+        if l.enforced == false and spec[k] ~= nil and spec[k] ~= false then holds = false end
+      end
+      if holds then return "local" end
+    end
   end
-  return auto_choice
+  if daemon_answers == nil then
+    daemon_answers = require("sbx.backends.docker").connect(nil, core.now() + pol.docker.auto_timeout) and true or false
+  end
+  return daemon_answers and "docker" or "local"
 end
 
 local function backend_module(name)
@@ -123,8 +147,10 @@ function M.new(opts)
   end
   local self = setmetatable({
     id = handle.id,
-    backend_name = spec.backend,
-    backend = backend,
+    -- The backend this box runs on ("auto" resolved): "docker", "local", ...
+    backend = spec.backend,
+    backend_name = spec.backend,   -- the same (older name)
+    impl = backend,                -- the backend's module
     handle = handle,
     spec = spec,
     procs = {},            -- name -> process record
@@ -195,7 +221,7 @@ function Box:close()
     if p.job and p.job.stream then pcall(p.job.stream.release, p.job.stream) end
   end
   if self.tmod then pcall(self.tmod.close, self.tstate) end
-  return self.backend.destroy(self.handle, false, core.now() + self:policy().box.destroy_timeout)
+  return self.impl.destroy(self.handle, false, core.now() + self:policy().box.destroy_timeout)
 end
 Box.__close = Box.close
 
@@ -204,7 +230,7 @@ function Box:__gc()
   if not self.closed then
     self.closed = true
     open[self.id] = nil
-    pcall(self.backend.destroy, self.handle, true)
+    pcall(self.impl.destroy, self.handle, true)
   end
 end
 
@@ -614,7 +640,7 @@ end
 -- A stream's transport failure in the backend's words (Docker: a socket
 -- that is gone or refuses is "daemon_unavailable"): message, code.
 local function stream_failure(self, info)
-  if self.backend.stream_error then return self.backend.stream_error(self.handle, info) end
+  if self.impl.stream_error then return self.impl.stream_error(self.handle, info) end
   return info.error, info.error_code
 end
 
@@ -663,9 +689,9 @@ local function kill_tree(self, pol, job, signal, tm, ts)
   if code == "daemon_unresponsive" or code == "agent_unresponsive" or code == "agent_lost" or tm ~= self.tmod then
     return { kill_confirmed = false, kill_error = err, error_code = code or "kill_failed" }
   end
-  if self.backend.host_kill then
+  if self.impl.host_kill then
     local hdeadline = core.now() + grace
-    local hok = self.backend.host_kill(self.handle, job, hdeadline)
+    local hok = self.impl.host_kill(self.handle, job, hdeadline)
     if hok and stream_ends(job.stream, hdeadline) then
       return { kill_confirmed = true, kill_method = "host" }
     end
@@ -677,7 +703,7 @@ local function kill_tree(self, pol, job, signal, tm, ts)
       if p.status == "running" and p.job ~= job then ended_processes[#ended_processes + 1] = name end
     end
     local restart_deadline = core.now() + grace
-    local rok, rerr, rcode = self.backend.restart(self.handle, restart_deadline)
+    local rok, rerr, rcode = self.impl.restart(self.handle, restart_deadline)
     local ended = rok and stream_ends(job.stream, restart_deadline)
     if rok then
       for _, name in ipairs(ended_processes) do

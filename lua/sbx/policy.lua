@@ -26,8 +26,9 @@ local function live(pol) return pol or require("sbx").policy end
 -- cannot be enforced is applied as closely as the backend allows; box.limits
 -- reports what each box got.
 policy.box = {
-  -- "auto": docker when a daemon answers, else local (no daemon needed);
-  -- or "docker", "local", "fargate", "kubernetes".
+  -- "auto": local where it isolates fully and has the image
+  -- (policy.local.auto), else docker when a daemon answers, else local (no
+  -- daemon needed); or "docker", "local", "fargate", "kubernetes".
   backend = "auto",
   -- One of the two images scripts/setup.sh builds (no registry needed):
   -- Debian 12, as the former default debian:bookworm-slim was, with bash,
@@ -844,6 +845,13 @@ policy.fargate = {
 -- a policy writes this block as ["local"] = { ... }.
 policy["local"] = {
   bwrap = "bwrap",              -- bubblewrap (Debian's package); a name is looked up in PATH
+  -- box.backend = "auto" picks this backend, even where a Docker daemon
+  -- answers, when it isolates fully here (user namespaces, a /proc of the
+  -- box's own, cgroups for memory, pids and cpu) and has the box's image
+  -- without a registry or daemon (in sbx's image cache, an archive in
+  -- images.archives, a rootfs); false: auto picks Docker whenever a daemon
+  -- answers.
+  auto = true,
   -- Debian's uidmap, for a user whose /etc/subuid grants a range of ids.
   newuidmap = "newuidmap", newgidmap = "newgidmap",
   -- Where boxes keep what the host must see (owner records, the
@@ -851,6 +859,25 @@ policy["local"] = {
   -- nil: /run/sbx/local as root, else $XDG_RUNTIME_DIR/sbx/local or
   -- /tmp/sbx-<uid>/local (made 0700, refused when another user owns it).
   state_dir = nil,
+  -- Where a box's writable layer lives: "tmpfs" (host memory: a tmpfs of
+  -- policy.box.disk bytes in the box's own mount namespace, counted against
+  -- the box's memory cgroup where it has one), "disk" (a directory under
+  -- disk_dir on the host's disk, measured every disk_poll seconds; past
+  -- policy.box.disk the box is stopped and its commands end with
+  -- "disk_exceeded"), or "auto": the tmpfs where the box has a memory
+  -- cgroup (it counts the tmpfs's pages: as root), else disk (a user
+  -- without a delegated cgroup: nothing would count the tmpfs, and a box
+  -- could pin host memory up to its disk limit).
+  layer = "auto",
+  -- The directory of "disk" layers; nil: /var/lib/sbx/local as root, else
+  -- $XDG_CACHE_HOME/sbx/local or ~/.cache/sbx/local (made 0700).
+  disk_dir = nil,
+  -- Seconds between measurements of the disk layers (one walk of each
+  -- box's layer by sbx-launch --usage inside the box's user namespace);
+  -- a walk that took t waits at least t / disk_poll_load - t, so measuring
+  -- takes at most that share of the time.
+  disk_poll = 0.25,
+  disk_poll_load = 0.1,
   -- Ids mapped into a box. As root, box ids 0..ids-1 are the same host ids
   -- (image files keep their owners, apt's _apt works); a user's own id is
   -- the box's root and, where /etc/subuid grants a range, ids 1..ids-1 come

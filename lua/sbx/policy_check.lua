@@ -252,6 +252,13 @@ local RULES = {
   ["local.stale_after"] = POS,
   ["local.spares"] = int { ge = 0 },
   ["local.proc"] = str { enum = { "auto", "mount", "copy" } },
+  ["local.auto"] = BOOL,
+  ["local.layer"] = str { enum = { "auto", "tmpfs", "disk" } },
+  ["local.disk_dir"] = maybe(str { check = function(v)
+    if v:sub(1, 1) ~= "/" then return "must be an absolute path" end
+  end }),
+  ["local.disk_poll"] = POS,
+  ["local.disk_poll_load"] = num { gt = 0, le = 1 },
   ["local.proc_files"] = list(str { check = function(v)
     if not v:match("^[%w_.-]+$") or v == "." or v == ".." then return "must be a file name in /proc" end
   end }),

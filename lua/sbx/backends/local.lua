@@ -16,10 +16,13 @@
 --       user and mount namespaces and says "u"; sbx writes the id map (as
 --       root: 65536 ids, 0..65535 -> the same host ids; a user: newuidmap
 --       with the /etc/subuid range, or the launcher's own single id) and
---       says "g". It mounts a tmpfs of policy.box.disk bytes (the box's
---       writable layer) on the box's directory and an overlay (userxattr)
---       of the image's layers under it, sets the rlimits, closes what it
---       must not pass on, says "x" and execs
+--       says "g". It binds the host's device nodes that bubblewrap's --dev
+--       takes onto themselves read-only (box root may be host root), mounts
+--       the box's writable layer (a tmpfs of policy.box.disk bytes on the
+--       box's directory, or a directory on disk: policy.local.layer, "Disk
+--       layers" below) and an overlay (userxattr) of the image's layers
+--       under it, sets the rlimits, closes what it must not pass on, says
+--       "x" and execs
 --   bubblewrap (Debian's, not setuid)
 --       as uid 0 of that user namespace: the other namespaces, the overlay
 --       as /, /proc (its /sys read-only), /dev, the agent read-only at
@@ -50,6 +53,7 @@ local read_file = require("sbx.fs").read
 local S = core.sandbox
 
 local M = {}
+local disk_root_path   -- below
 
 local function sbx_mod() return require "sbx" end
 local function lpol(pol) return (pol or sbx_mod().policy)["local"] end
@@ -263,6 +267,59 @@ function M.full(pol)
   return true
 end
 
+-- Where disk layers go (policy.local.disk_dir or its default).
+disk_root_path = function(pol)
+  local dir = lpol(pol).disk_dir
+  if dir then return dir end
+  local uid = S.ids()
+  if uid == 0 then return "/var/lib/sbx/local" end
+  local base = os.getenv("XDG_CACHE_HOME")
+  if not base or base:sub(1, 1) ~= "/" then
+    local home = os.getenv("HOME")
+    base = home and home:sub(1, 1) == "/" and (home .. "/.cache") or ("/var/tmp/sbx-" .. uid)
+  end
+  return base .. "/sbx/local"
+end
+
+-- The type of the file system that holds path: the longest mount point in
+-- /proc/self/mountinfo that is path or above it.
+local function fs_type(path)
+  local best, fstype = -1, nil
+  for line in (read_file("/proc/self/mountinfo") or ""):gmatch("[^\n]+") do
+    local mnt, ft = line:match("^%S+ %S+ %S+ %S+ (%S+) .- %- (%S+) ")
+    if mnt then
+      mnt = mnt:gsub("\\(%d%d%d)", function(o) return string.char(tonumber(o, 8)) end)
+      local under = mnt == "/" or path == mnt or path:sub(1, #mnt + 1) == mnt .. "/"
+      if under and #mnt >= best then best, fstype = #mnt, ft end
+    end
+  end
+  return fstype
+end
+
+-- Can the disk root hold an overlay's upper directory? (Not on overlayfs
+-- itself, as a container's root is.) true | false, why; asked once per dir.
+local disk_checked = {}
+local function disk_usable(pol)
+  local dir = disk_root_path(pol)
+  if disk_checked[dir] == nil then
+    local ft = fs_type(dir)
+    disk_checked[dir] = ft ~= "overlay" or string.format("%s is on overlayfs (a container's root?), which cannot " ..
+      "hold an overlay's upper directory; policy.local.disk_dir can name a directory on another file system", dir)
+  end
+  return disk_checked[dir] == true, disk_checked[dir]
+end
+
+-- Is the box's writable layer on disk (policy.local.layer)? src: { host }.
+-- false, why: a tmpfs although no memory cgroup counts it.
+local function disk_layer(pol, src)
+  local lp = lpol(pol)
+  if src.host or lp.layer == "tmpfs" then return false end
+  if lp.layer == "disk" then return true end
+  -- auto: on disk where no memory cgroup would count the tmpfs's pages
+  if get_facts(pol).cgroups.memory then return false end
+  return disk_usable(pol)
+end
+
 -- Isolation ---------------------------------------------------------------------------
 
 local function cap_name(c) return (tostring(c):upper():gsub("^CAP_", "")) end
@@ -333,8 +390,16 @@ function M.limits(spec, pol)
     out.cpus = { enforced = false, note = "no cgroup with the cpu controller that sbx may write; no rlimit caps a rate " ..
       "(" .. tostring(cg.why or "cpu controller missing") .. ")" }
   end
-  out.disk = { enforced = "kernel", note = "the box's writable layer is a tmpfs of this size (its pages are host memory" ..
-    (cg.memory and ", counted against the box's memory limit)" or "; no memory cgroup counts them)") }
+  local on_disk, why_not = disk_layer(pol, { host = spec.image == "host" })
+  if on_disk then
+    out.disk = { enforced = "watched", note = string.format("the box's writable layer is a directory on the host's " ..
+      "disk; sbx measures it every %g s (policy.local.disk_poll) and stops the box past the limit " ..
+      "(disk_exceeded); a fast writer gets further before that", lpol(pol).disk_poll) }
+  else
+    out.disk = { enforced = "kernel", note = "the box's writable layer is a tmpfs of this size (its pages are host memory" ..
+      (cg.memory and ", counted against the box's memory limit)" or "; no memory cgroup counts them" ..
+      (why_not and (": not on disk because " .. why_not) or "") .. ")") }
+  end
   -- disk = false asks nothing: the tmpfs then has the kernel's default
   -- size, half the host's memory.
   if spec.network == "none" then
@@ -480,6 +545,25 @@ local function state_root(pol)
   return dir
 end
 
+-- The directory of disk layers (policy.local.disk_dir), made 0700 and
+-- checked to be this user's: dir | nil, message, code.
+local disk_roots = {}
+local function disk_root(pol)
+  local uid = S.ids()
+  local dir = disk_root_path(pol)
+  if disk_roots[dir] then return dir end
+  local ok, err = make_dirs(dir, tonumber("700", 8))
+  if not ok then return nil, "cannot make the directory of disk layers: " .. tostring(err), "state_dir" end
+  local st = S.stat(dir)
+  if not st or st.uid ~= uid then
+    return nil, string.format("%s belongs to uid %s, not to this user (%d)", dir, tostring(st and st.uid), uid), "state_dir"
+  end
+  local okd, errd, code = S.mkdir(dir .. "/boxes", tonumber("700", 8))
+  if not okd and code ~= "EEXIST" then return nil, errd, "state_dir" end
+  disk_roots[dir] = true
+  return dir
+end
+
 -- A program written once per content: <root>/bin/<name>-<sha256 prefix>.
 local installed = {}
 local function install(root, name, bytes)
@@ -531,6 +615,7 @@ local function record_text(h, spec)
     "pid " .. tostring(h.pid or ""), "pid.start " .. tostring(h.pid and owner.proc_start(h.pid) or ""),
   }
   for _, dir in ipairs(h.cgroups or {}) do lines[#lines + 1] = "cgroup " .. dir end
+  if h.disk then lines[#lines + 1] = "disk " .. h.disk end
   return table.concat(lines, "\n") .. "\n"
 end
 
@@ -701,6 +786,13 @@ local function seccomp_program(pol)
 end
 
 local AGENT_PATH = "/dev/sbx-agent"
+-- The host's device nodes bubblewrap's --dev binds into every box
+-- (bubblewrap.c, devnodes[]). As root, box root is host root to them: a
+-- chmod, chown or touch in the box would change the host's own inode.
+-- sbx-launch binds each onto itself read-only first (--ro-dev), so the box
+-- gets them read-only (EROFS for any change of mode, owner or times) and
+-- still reads and writes the devices.
+local HOST_DEVICES = { "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty" }
 -- Where policy.local.busybox appears in a box (grade.lua runs it).
 M.BUSYBOX_PATH = "/dev/busybox-sbx"   -- busybox runs as busybox for argv[0] busybox*
 
@@ -715,7 +807,10 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
   if f.ids.kind == "single" then add("--map-self") end
   local copy = h.proc_mode == "copy"
   if copy then add("--keep-proc") end
-  add("--tmpfs", rw, string.format("%d", spec.disk or 0))
+  -- The writable layer: on disk (h.disk, bounded by the watcher), the
+  -- tmpfs then only holds the root's mount point; or the tmpfs itself.
+  add("--tmpfs", rw, h.disk and "1048576" or string.format("%d", spec.disk or 0))
+  for _, d in ipairs(HOST_DEVICES) do add("--ro-dev", d) end
   local workdir = spec.workdir or src.config.workdir
   if src.host then
     add("--mkdir", rw .. "/root")
@@ -725,7 +820,8 @@ local function launch_argv(h, spec, pol, src, bwrap, has_seccomp)
       if st and st.type == "dir" then add("--mkdir", rw .. "/mask" .. i) end
     end
   else
-    add("--overlay", table.concat(src.lowers, ":"), rw .. "/upper", rw .. "/work", rw .. "/root")
+    local top = h.disk or rw
+    add("--overlay", table.concat(src.lowers, ":"), top .. "/upper", top .. "/work", rw .. "/root")
   end
   local cg = f.cgroups
   if spec.memory and not cg.memory then add("--rlimit", tostring(RLIMITS.data), string.format("%d", spec.memory), string.format("%d", spec.memory)) end
@@ -866,6 +962,116 @@ local function write_record(h, spec)
   return true
 end
 
+-- Disk layers ---------------------------------------------------------------------------
+-- policy.local.layer: a box's writable layer (the overlay's upper and work
+-- directories) on the host's disk, under disk_root()/boxes/<id>, instead of
+-- a tmpfs. Its files belong to the ids of the box (a user's subordinate
+-- ids among them), so sbx measures and removes it from inside a user
+-- namespace: sbx-launch --usage enters the box's own; sbx-launch --remove
+-- makes one with the box's id map.
+
+local LAUNCH_ENV = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin" }
+
+-- Removes a disk layer (after its box's processes are gone): true | nil,
+-- message, code.
+local function remove_disk(dir, progs, pol, deadline)
+  if not dir or not exists(dir) then return true end
+  local f = get_facts(pol)
+  local p, chan, sync = core.proc.spawn {
+    argv = { progs.launch, tostring(core.pid()) }, env = LAUNCH_ENV,
+    stdin = true, stdout = true, stderr = true, sync = true,
+    capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 }, output = { head = 0, tail = 0 } },
+  }
+  if not p then return nil, "cannot remove the box's disk layer: " .. tostring(chan), sync or "launch_failed" end
+  local function step(want)
+    local ev = sync:wait(math.max(0.001, deadline - core.now()))
+    return ev == "data" and sync:take(true) == want
+  end
+  local ok, err = step("r"), nil
+  if ok then
+    local args = { "--remove", dir, "--", "/" }
+    if f.ids.kind == "single" then table.insert(args, 1, "--map-self") end
+    sync:write(string.format("%d 0\n", #args) .. table.concat(args, "\0") .. "\0")
+    ok = step("u")
+  end
+  if ok then
+    ok, err = write_maps(f.ids, p:pid(), deadline)
+    if ok then sync:write("g") ok = step("x") end
+  end
+  sync:close()
+  local info = p:wait(math.max(0.001, deadline - core.now()))
+  if not info then p:kill("KILL") p:wait(1) end
+  chan:wait(0.2)
+  local said = (chan:captured("stderr") or ""):gsub("%s+$", "")
+  p:close()
+  chan:close()
+  if ok and info and info.status == 0 then return true end
+  return nil, string.format("cannot remove the box's disk layer %s: %s", dir,
+    err or (said ~= "" and said) or "sbx-launch did not finish"), "disk_layer"
+end
+
+-- The bytes a box's disk layer takes now, or nil.
+local function disk_usage(h)
+  if not (h.pid and h.disk) then return nil end
+  local p, s = core.proc.spawn {
+    argv = { h.progs.launch, "--usage", "/proc/" .. h.pid .. "/ns/user", h.disk .. "/upper" }, env = LAUNCH_ENV,
+    capture = { stdout = { head = 64, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 0, tail = 0 } },
+  }
+  if not p then return nil end
+  local info = p:wait(30)
+  if not info then p:kill("KILL") p:wait(1) end
+  s:wait(1)
+  local out = s:captured("stdout") or ""
+  p:close()
+  return info and info.status == 0 and tonumber(out:match("^(%d+)")) or nil
+end
+
+-- Past its limit a box stops: its processes are killed, its channel ends
+-- with "disk_exceeded" (the running commands fail with it), and every later
+-- command is refused with it (as a Docker box past its limit is frozen).
+local function freeze(h, used)
+  if h.frozen or h.destroyed then return end
+  local live = h.policy and h.policy() or sbx_mod().policy
+  local msg = live.format_disk_exceeded(used, h.disk_limit, live)
+  h.frozen = { message = msg, code = "disk_exceeded", used = used }
+  if h.chan then h.chan:close("disk_exceeded", msg) end
+  if h.proc then h.proc:kill("KILL") end
+end
+
+-- One watcher task for every disk-layer box with a limit in the process.
+local disk_boxes = setmetatable({}, { __mode = "k" })   -- handle -> true
+local disk_task
+
+local function disk_watch()
+  local last = 0
+  while next(disk_boxes) do
+    local lp = lpol(sbx_mod().policy)
+    core.sleep(math.max(lp.disk_poll, last / lp.disk_poll_load - last))
+    local t0 = core.now()
+    local list = {}
+    for h in pairs(disk_boxes) do list[#list + 1] = h end
+    for _, h in ipairs(list) do
+      if h.destroyed or h.frozen then
+        disk_boxes[h] = nil
+      else
+        local used = disk_usage(h)
+        if used and used > h.disk_limit and not h.destroyed then freeze(h, used) disk_boxes[h] = nil end
+      end
+    end
+    last = core.now() - t0
+  end
+  disk_task = nil
+end
+
+local function watch_disk(h, limit)
+  h.disk_limit = limit
+  disk_boxes[h] = true
+  if not disk_task then
+    disk_task = core.spawn(function() pcall(disk_watch) disk_task = nil end)
+    disk_task:unref()
+  end
+end
+
 -- Prepares a launcher for a box: its directory, its cgroups (without
 -- limits yet), a record, and sbx-launch started, which joins the cgroups
 -- and waits for the box's options. A spare until a box takes it.
@@ -978,6 +1184,16 @@ local function start(h, spec, pol, deadline)
       h.oom_kills = nil
     end
   end
+  -- The disk layer's directory (kept across a restart, made afresh).
+  if h.src and disk_layer(pol, h.src) then
+    if not h.disk then
+      local droot, derr, dcode = disk_root(pol)
+      if not droot then return fail(derr, dcode) end
+      h.disk = droot .. "/boxes/" .. h.id
+    end
+    local okm, merr, mcode = S.mkdir(h.disk, tonumber("700", 8))
+    if not okm and mcode ~= "EEXIST" then return fail("cannot make the box's disk layer: " .. tostring(merr), mcode) end
+  end
   -- The record before anything runs: a kill -9 from here on leaves
   -- something `sbx reap` can read.
   local ok, err, code = write_record(h, spec)
@@ -1009,7 +1225,10 @@ local function start(h, spec, pol, deadline)
   -- comes next. A mount or rlimit it could not set is said here instead.
   ev = sync:wait(math.max(0.001, deadline - core.now()))
   if ev ~= "data" or sync:take(true) ~= "x" then
-    return fail("the box could not be set up", ev == "timeout" and "timeout" or "launch_failed")
+    local where = h.disk and string.format(" (its writable layer is on disk under %s: an overlay needs a file " ..
+      "system with user xattrs there; policy.local.disk_dir names another directory, layer = \"tmpfs\" keeps it " ..
+      "in memory)", h.disk) or ""
+    return fail("the box could not be set up" .. where, ev == "timeout" and "timeout" or "launch_failed")
   end
   sync:close()
   h.sync = nil
@@ -1087,6 +1306,7 @@ function M.create(spec, pol)
   h.env = box_env(spec, pol, src)
   h.default_user = src.config.user ~= "" and src.config.user or nil
   watch_lifetime(h, spec.lifetime)
+  if h.disk and spec.disk then watch_disk(h, spec.disk) end
   return h
 end
 
@@ -1099,6 +1319,7 @@ function M.destroy(h, detached, deadline)
   if h.destroyed then return true end
   h.destroyed = true
   lifetimes[h] = nil
+  disk_boxes[h] = nil
   if h.src and h.src.lease then h.src.lease:close() h.src.lease = nil end
   if h.proc then h.proc:kill("KILL") end
   local pol = h.pol or sbx_mod().policy
@@ -1112,6 +1333,7 @@ function M.destroy(h, detached, deadline)
     if h.chan then h.chan:close() end
     local ok, err, code = true, nil, nil
     if h.cgroups then ok, err, code = remove_cgroups(h.cgroups, dl) end
+    if ok and h.disk then ok, err, code = remove_disk(h.disk, h.progs, pol, dl) end
     if ok then remove_dir(h.dir) end
     if not ok then return nil, err .. " (left to sbx reap --backend local)", code end
     return true
@@ -1143,6 +1365,10 @@ function M.restart(h, deadline)
     local ok, err, code = remove_cgroups(h.cgroups, deadline)
     if not ok then return nil, err, code end
   end
+  if h.disk then
+    local ok, err, code = remove_disk(h.disk, h.progs, h.pol, deadline)
+    if not ok then return nil, err, code end
+  end
   remove_dir(h.dir)
   -- A new launcher for the same box.
   local fresh, err, code = new_launcher(h.root, h.progs, h.pol, h.id)
@@ -1160,6 +1386,7 @@ end
 -- when the box started: only the agent holds them (no authentication).
 -- Asked again after the agent was lost, the box is gone with it.
 function M.agent_channel(h, opts)
+  if h.frozen then return nil, h.frozen.message, h.frozen.code end
   if h.destroyed then return nil, h.gone_reason or "the box is closed", "box_gone" end
   if not h.fresh then
     local said = stderr_of(h)
@@ -1205,10 +1432,24 @@ function M.reap(opts, pol)
           pcall(core.proc.signal, pid, "KILL")
         end
         if r and #r.cgroups > 0 then remove_cgroups(r.cgroups, core.now() + lpol(pol).destroy_wait) end
+        local progs = r and r.disk and ensure_programs(root)
+        if progs then remove_disk(r.disk, progs, pol, core.now() + lpol(pol).destroy_wait) end
         remove_dir(dir)
       end
     else
       report.kept = report.kept + 1
+    end
+  end
+  -- Disk layers whose box has no record any more (a reaper that knew no
+  -- disk layers removed it), once stale.
+  local droot = disk_root_path(pol)
+  for _, id in ipairs(S.list(droot .. "/boxes") or {}) do
+    local ddir = droot .. "/boxes/" .. id
+    local st = S.stat(ddir)
+    if not exists(root .. "/boxes/" .. id) and st and now - st.mtime > lpol(pol).stale_after then
+      report.removed[#report.removed + 1] = { id = id, name = id, reason = "a disk layer without a box" }
+      local progs = not opts.dry_run and ensure_programs(root)
+      if progs then remove_disk(ddir, progs, pol, core.now() + lpol(pol).destroy_wait) end
     end
   end
   -- The image cache's half-done downloads and unpackings of processes

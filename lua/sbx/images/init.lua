@@ -627,6 +627,34 @@ function M.resolve(ref, opts)
   return done(rec, key)
 end
 
+-- images.available(ref, opts) -> true | false, why: whether resolve would
+-- find ref here without asking a registry or a daemon (what backend =
+-- "auto" asks of the local backend): host, a rootfs directory, a local
+-- archive or OCI layout, a name the cache holds, or a name with an archive
+-- in policy.images.archives. A few file reads; nothing is imported.
+function M.available(ref, opts)
+  if type(ref) ~= "string" then error("images.available: ref must be a string", 2) end
+  opts = check_opts(opts, "available")
+  local ipol = policy_of(opts).images
+  local r, perr = refs.parse(ref, { hub = ipol.hub, exists = exists })
+  if not r then return false, perr end
+  if r.transport == "host" then return true end
+  if r.transport == "rootfs" or r.transport == "docker-archive" or r.transport == "oci-archive" or r.transport == "oci" then
+    if exists(r.path) then return true end
+    return false, tostring(r.path) .. " does not exist"
+  end
+  local cache = cache_mod.open(ipol)
+  local keys = { r.key }
+  if r.transport == "name" then
+    keys = { "docker-daemon:" .. r.docker.canonical, r.docker.canonical }
+    if archive_for(ipol, r.docker) then return true end
+  end
+  for _, k in ipairs(keys) do
+    if k and cache and cached(cache, k) then return true end
+  end
+  return false, "the image cache does not hold " .. ref .. " and no archive in policy.images.archives has it"
+end
+
 -- images.pull(ref, opts) -> image | nil, message, code: resolve with
 -- pull = "always" (layers the cache has are never fetched again).
 function M.pull(ref, opts)

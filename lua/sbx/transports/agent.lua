@@ -400,7 +400,7 @@ local function reattach(st, why, gen)
   local last, delay = why, 0.05
   st.ch = nil
   while not st.dead and not st.closed and st.gen == gen do
-    local ch, err, code = box.backend.agent_attach(box.handle, { name = name, deadline = deadline, pol = st.pol })
+    local ch, err, code = box.impl.agent_attach(box.handle, { name = name, deadline = deadline, pol = st.pol })
     if ch then
       local ok, rest, hcode = handshake(st, ch, math.min(deadline, core.now() + pol.attach_timeout))
       if st.gen ~= gen then pcall(ch.close, ch) return nil, "replaced" end
@@ -432,7 +432,7 @@ end
 
 local function can_reattach(st)
   local box = st.boxref[1]
-  return st.grace > 0 and st.attachable and not st.closed and box ~= nil and box.backend.agent_attach ~= nil
+  return st.grace > 0 and st.attachable and not st.closed and box ~= nil and box.impl.agent_attach ~= nil
 end
 
 -- The channel reader: one task per box.
@@ -528,7 +528,7 @@ local generation = 0
 -- open(box, pol [, into]) -> state | nil, reason, code. into: the state
 -- table of a lost agent, filled anew (jobs hold it).
 function M.open(box, pol, into)
-  local backend = box.backend
+  local backend = box.impl
   if not backend.agent_channel then
     return nil, string.format("the %s backend cannot carry sbx-agent", box.backend_name), "unsupported"
   end
@@ -699,9 +699,9 @@ end
 function M.finish(st, job)
   if job.error then return nil, job.error, job.error_code end
   local box = st.boxref and st.boxref[1]
-  if job.status == 137 and box and box.backend.oom_check and not job.oom_checked then
+  if job.status == 137 and box and box.impl.oom_check and not job.oom_checked then
     job.oom_checked = true
-    box.backend.oom_check(box.handle, job)
+    box.impl.oom_check(box.handle, job)
   end
   return job.status
 end

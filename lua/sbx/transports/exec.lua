@@ -26,21 +26,21 @@ local function not_text(req)
 end
 
 function M.start(t, req)
-  local why = t.box.backend.text_argv
+  local why = t.box.impl.text_argv
   local which = why and not_text(req)
   if which then
     return nil, string.format("%s is not UTF-8 text, which the exec transport cannot carry (%s); " ..
       "the agent transport takes any bytes but NUL", which, why), "unsupported"
   end
-  return t.box.backend.start(t.box.handle, req)
+  return t.box.impl.start(t.box.handle, req)
 end
 
 function M.finish(t, job, deadline)
-  return t.box.backend.finish(t.box.handle, job, deadline)
+  return t.box.impl.finish(t.box.handle, job, deadline)
 end
 
 function M.kill(t, job, signal, deadline)
-  return t.box.backend.kill(t.box.handle, job, signal, deadline)
+  return t.box.impl.kill(t.box.handle, job, signal, deadline)
 end
 
 function M.close() end

@@ -38,7 +38,7 @@ M.agent = require "sbx.transports.agent"
 -- code. opts: what sbx.box{} was given.
 function M.choose(box, pol, opts)
   local want = box.spec.transport or pol.box.transport or "auto"
-  local has_exec = box.backend.start ~= nil
+  local has_exec = box.impl.start ~= nil
   if want == "exec" and not has_exec and (opts == nil or opts.transport == nil)
     and pol.box.transport == require("sbx.policy").box.transport then
     want = "agent"
