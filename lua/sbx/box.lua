@@ -584,6 +584,75 @@ function M.kill_request(signal, job)
   }
 end
 
+-- The in-box end of every process of a box but its own lifetime process
+-- (PID 1, or the first child of an init), for a box whose agent was lost
+-- (POSIX sh, builtins only: no fork of its own joins the list). It stops
+-- every other process, looks again until no new one appears (a stopped
+-- process cannot fork), kills them all, and prints how many are left
+-- (processes that did not go: 0 when the box is clear).
+local CLEAR_SCRIPT = [[
+me=$$
+stat_of() {
+  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
+  line=${line##*) }
+  set -- $line
+  ppid=$2; start=${20}
+}
+life=1
+read -r line < /proc/1/stat
+case "$line" in
+  *"(sleep)"*) ;;
+  *) best=""
+     for p in /proc/[0-9]*; do
+       stat_of "${p#/proc/}" || continue
+       [ "$ppid" = 1 ] || continue
+       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
+     done ;;
+esac
+others() {
+  list=""
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = "$me" ] || [ "$pid" = 1 ] || [ "$pid" = "$life" ] && continue
+    stat_of "$pid" || continue
+    # A process of this very exec (the daemon's exec has PPid 0 in the box)
+    # is only the script itself; zombies wait for their parent.
+    case "$line" in Z*) continue;; esac
+    list="$list $pid"
+  done
+}
+for round in 1 2 3 4 5 6 7 8; do
+  others
+  [ -z "$list" ] && break
+  for pid in $list; do kill -s STOP "$pid" 2>/dev/null; done
+  seen=$list
+  others
+  [ "$list" = "$seen" ] || continue
+  for pid in $list; do kill -s KILL "$pid" 2>/dev/null; done
+  for pid in $list; do kill -s CONT "$pid" 2>/dev/null; done
+done
+# Killed processes take a moment to become zombies: look again a while.
+n=0
+try=0
+while [ "$try" -lt 200 ]; do
+  others
+  n=0; for pid in $list; do n=$((n+1)); done
+  [ "$n" = 0 ] && break
+  for pid in $list; do kill -s KILL "$pid" 2>/dev/null; done
+  try=$((try+1))
+done
+echo "$n"
+]]
+
+-- The request a backend starts to end every process of a box but its
+-- lifetime process (see CLEAR_SCRIPT). Small captures: it prints a count.
+function M.clear_request()
+  return {
+    argv = { "sh", "-c", CLEAR_SCRIPT }, env = {}, user = "0",
+    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
+  }
+end
+
 -- A stream's transport failure in the backend's words (Docker: a socket
 -- that is gone or refuses is "daemon_unavailable"): message, code.
 local function stream_failure(self, info)
@@ -629,8 +698,11 @@ local function kill_tree(self, pol, job, signal, tm, ts)
   local ok, err, code = tm.kill(ts, job, signal or "KILL", deadline)
   draining = false
   drainer:join()
-  if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
-  if job.stream:info().eof then return { kill_confirmed = true } end
+  -- A stream that ended because its transport failed (a lost agent, a
+  -- daemon gone) confirms nothing about the processes.
+  local function confirmed() local i = job.stream:info() return i.eof and not i.error_code end
+  if ok and stream_ends(job.stream, deadline) and confirmed() then return { kill_confirmed = true } end
+  if confirmed() then return { kill_confirmed = true } end
   -- Nothing answers (a frozen daemon, a stopped agent): no fallback would
   -- either; say so by the deadline.
   if code == "daemon_unresponsive" or code == "agent_unresponsive" or code == "agent_lost" or tm ~= self.tmod then

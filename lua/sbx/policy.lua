@@ -140,6 +140,9 @@ policy.agent = {
   reattach_grace = 120,
   reattach_timeout = 60,
   attach_timeout = 10,          -- seconds for the agent to answer on its attach socket
+  -- Seconds to end every process of a box whose agent was lost, before a
+  -- fresh agent is placed (where the backend can: Docker).
+  clear_timeout = 10,
   ack_bytes = 256 * KiB,        -- bytes between acknowledgements (what each side keeps to send again)
 }
 
@@ -531,13 +534,24 @@ function policy.format_output(part, pol)
   return text
 end
 
+-- The line for a command that ran past its timeout. "killed" only when the
+-- kill was confirmed (r.kill_confirmed: its processes are gone); otherwise
+-- the command may still run, and the line says so.
+function policy.format_timed_out(r, pol)
+  if r.kill_confirmed ~= false then
+    return string.format("[Timed out after %gs; the command and its child processes were killed]", r.timeout)
+  end
+  return string.format("[Timed out after %gs; the kill could not be confirmed: the command may still be running%s]",
+    r.timeout, r.kill_error and (" (" .. tostring(r.kill_error) .. ")") or "")
+end
+
 -- The text for one command result.
 function policy.format_result(r, pol)
   pol = live(pol)
   local out = pol.format_output(r.parts.output, pol)
   local lines = {}
   if r.timed_out then
-    lines[#lines + 1] = string.format("[Timed out after %gs; the command and its child processes were killed]", r.timeout)
+    lines[#lines + 1] = pol.format_timed_out(r, pol)
   elseif r.error then
     lines[#lines + 1] = "[Error: " .. r.error .. "]"
   elseif r.exit_code ~= 0 then

@@ -734,6 +734,30 @@ function M.kill(h, job, signal, deadline)
   return true
 end
 
+-- clear(handle, deadline) -> true | nil, message, code: ends every process
+-- of the box but its lifetime process (a lost agent's box, before a fresh
+-- agent is placed): an in-box exec as root (box.clear_request); where that
+-- cannot run or leaves processes (a box at its pids limit), the box is
+-- restarted (every process dies, its files stay).
+function M.clear(h, deadline)
+  if h.frozen then return nil, h.frozen.message, h.frozen.code end
+  local req = require("sbx.box").clear_request()
+  local id, err, code = exec_create(h, req, deadline)
+  if not id and (code == "daemon_unavailable" or code == "daemon_unresponsive" or code == "box_gone") then
+    return nil, err, code
+  end
+  if id then
+    local s = open_stream(h, id, req)
+    if s:wait(M.seconds_left(deadline, pol().kill_timeout)) == "eof" then
+      local exit_code = M.finish(h, { id = id, stream = s }, deadline)
+      if exit_code == 0 and (s:captured("stdout")):match("^0%s*$") then return true end
+    else
+      s:close()
+    end
+  end
+  return M.restart(h, deadline)
+end
+
 -- host_kill(handle, job, deadline) -> count | nil, message, code. The
 -- targeted kill for a box that cannot fork the in-box kill (its pids limit
 -- is full: a fork bomb): the daemon lists the box's processes by host pid

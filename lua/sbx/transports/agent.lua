@@ -418,7 +418,9 @@ local function reattach(st, why, gen)
         hcode == "bad_proof" and "agent_lost" or nil
     else
       last = err
-      if code == "box_gone" or code == "unsupported" or code == "disk_exceeded" then
+      -- A daemon that refuses (its socket gone, nothing listening) is not
+      -- a dropped connection: the commands fail now, saying so.
+      if code == "box_gone" or code == "unsupported" or code == "disk_exceeded" or code == "daemon_unavailable" then
         return nil, string.format("the channel dropped (%s): %s", why, err), code
       end
     end
@@ -608,13 +610,23 @@ function M.open(box, pol, into)
   return st
 end
 
--- A lost agent is replaced before the next command: placed anew.
+-- A lost agent is replaced before the next command: every process of the
+-- box goes first (backend.clear: the lost agent, its supervisors, whatever
+-- its commands left, detached or stopped), then a fresh agent is placed.
 local function alive(st)
   if not st.dead then return true end
   local box = st.boxref[1]
   if st.closed or not box then return nil, "the box is closed", "box_gone" end
   local was = st.dead
-  local fresh, why, code = M.open(box, box:policy(), st)
+  local pol = box:policy()
+  if box.backend.clear then
+    local ok, why, code = box.backend.clear(box.handle, core.now() + pol.agent.clear_timeout)
+    if not ok then
+      return nil, "the box's agent was lost (" .. tostring(was) .. ") and its processes could not be ended: " ..
+        tostring(why), code or "agent_lost"
+    end
+  end
+  local fresh, why, code = M.open(box, pol, st)
   if not fresh then
     st.dead = st.dead or was
     if code == "disk_exceeded" or code == "box_gone" or code == "daemon_unavailable" then return nil, why, code end
@@ -719,7 +731,14 @@ function M.kill(st, job, signal, deadline)
   local got = job.kill_event:wait(left)
   job.kill_event = nil
   if st.dead then return nil, st.dead, "agent_lost" end
-  if not got then return nil, "the agent did not confirm the kill in time", "agent_unresponsive" end
+  if not got then
+    -- An agent that confirms no kill in time (stopped, hung) serves no
+    -- command either: it is given up now, and the next command places a
+    -- fresh one after the box's processes are gone (alive).
+    local why = "the agent did not confirm the kill in time"
+    M.lost(st, why, "agent_unresponsive")
+    return nil, why, "agent_unresponsive"
+  end
   return true
 end
 
