@@ -400,12 +400,79 @@ local function describe(self, pol, command, opts, background)
   return req
 end
 
+-- What a box has used: the settled counters (box.usage) plus what its
+-- running background processes have used so far (their wall time and
+-- output as they go, not only when they end), and seconds no less than the
+-- CPU time of every process in the box where the backend can measure it
+-- (usage.cpu_seconds, kept by the budget watcher).
+local function live_usage(self)
+  local u = self.usage
+  local seconds, bytes, now = u.seconds, u.output_bytes, core.now()
+  for _, p in pairs(self.procs) do
+    if p.status == "running" and p.job then
+      local info = p.job.stream:info()
+      seconds = seconds + (now - p.started)
+      bytes = bytes + info.stdout_bytes + info.stderr_bytes
+    end
+  end
+  if u.cpu_seconds and u.cpu_seconds > seconds then seconds = u.cpu_seconds end
+  return { commands = u.commands, seconds = seconds, output_bytes = bytes }
+end
+
 -- The first budget a box has used up: which, used, limit.
 local function spent_budget(self, pol)
-  local b, u = pol.budget or {}, self.usage
+  local b, u = pol.budget or {}, live_usage(self)
   for _, which in ipairs { "commands", "seconds", "output_bytes" } do
     if b[which] and u[which] >= b[which] then return which, u[which], b[which] end
   end
+end
+
+-- The budget watcher: while a box has a seconds or output_bytes budget,
+-- every policy.budget_poll seconds it reads the box's CPU time
+-- (backend.cpu_seconds: Docker's stats, the local backend's cpu cgroup) and
+-- what its background processes have used; past a budget it stops them
+-- all (their status "killed", error the budget's message) and ends every
+-- other process of the box (backend.clear), detached ones included. Later
+-- commands are refused with "budget_exceeded". Holds the box weakly.
+local function budget_watch(ref)
+  while true do
+    local self = ref[1]
+    if not self or self.closed then return end
+    local pol = self:policy()
+    local b = pol.budget or {}
+    if not (b.seconds or b.output_bytes) then self.budget_task = nil return end
+    if self.backend.cpu_seconds then
+      local cpu = self.backend.cpu_seconds(self.handle, core.now() + pol.budget_poll * 5)
+      if cpu then self.usage.cpu_seconds = cpu end
+    end
+    local which, used, limit = spent_budget(self, pol)
+    if which == "seconds" or which == "output_bytes" then
+      self.budget_tripped = pol.format_budget_exceeded(which, used, limit, pol)
+      for _, name in ipairs(self.proc_order) do
+        local p = self.procs[name]
+        if p.status == "running" then
+          pcall(self.kill, self, name)
+          if p.status == "running" or p.status == "killed" then
+            p.status, p.error, p.ended = "killed", self.budget_tripped, p.ended or core.now()
+          end
+        end
+      end
+      if self.backend.clear then
+        pcall(self.backend.clear, self.handle, core.now() + pol.exec.kill_grace * 3)
+      end
+      self.budget_task = nil
+      return
+    end
+    self = nil
+    core.sleep(pol.budget_poll)
+  end
+end
+
+local function watch_budget(self, pol)
+  local b = pol.budget or {}
+  if self.budget_task or self.budget_tripped or not (b.seconds or b.output_bytes) then return end
+  self.budget_task = core.spawn(budget_watch, setmetatable({ self }, { __mode = "v" }))
+  self.budget_task:unref()
 end
 
 -- A hook's changed request, checked: a mistake in a policy is an error
@@ -451,6 +518,8 @@ end
 local function admit(self, pol, req)
   local which, used, limit = spent_budget(self, pol)
   if which then return nil, pol.format_budget_exceeded(which, used, limit, pol), "budget_exceeded" end
+  if self.budget_tripped then return nil, self.budget_tripped, "budget_exceeded" end
+  watch_budget(self, pol)
   local hook = pol.hooks and pol.hooks.before_exec
   if hook then
     local verdict, message = hook(self, req, pol)

@@ -403,15 +403,23 @@ policy.hooks = {
 }
 
 -- Per-box budgets (nil: unlimited). A refused command counts against none.
---   commands: user commands started; seconds: their wall time summed (the
---   rest caps the next command's timeout); output_bytes: bytes produced
---   (stdout + stderr, counted even when not kept). box.usage shows the
---   counters. Past a budget a command returns nil, message, "budget_exceeded".
+--   commands: user commands started; seconds: their wall time summed,
+--   background processes' as they run, and never less than the CPU time of
+--   every process in the box where the backend measures it (Docker, local
+--   with a cpu cgroup); the rest caps the next command's timeout;
+--   output_bytes: bytes produced (stdout + stderr, counted even when not
+--   kept), background processes' as they arrive. box.usage shows the
+--   settled counters (and cpu_seconds). Past a budget a command returns nil,
+--   message, "budget_exceeded"; a box past its seconds or output_bytes
+--   budget while commands run has them all stopped (see budget_poll).
 policy.budget = {
   commands = nil,
   seconds = nil,
   output_bytes = nil,
 }
+-- Seconds between a budget watcher's looks at a box with a seconds or
+-- output_bytes budget (one stats call per look on Docker).
+policy.budget_poll = 1
 
 local BUDGET_UNITS = { commands = "commands", seconds = "s", output_bytes = "bytes of output" }
 

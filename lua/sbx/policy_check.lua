@@ -119,6 +119,7 @@ local RULES = {
   ["budget.commands"] = maybe(int { ge = 0 }),
   ["budget.seconds"] = maybe(num { ge = 0 }),
   ["budget.output_bytes"] = maybe(int { ge = 0 }),
+  ["budget_poll"] = POS,
   ["output.head_chars"] = SIZE,
   ["output.tail_chars"] = SIZE,
   ["tools"] = map(TOOL),

@@ -734,6 +734,21 @@ function M.kill(h, job, signal, deadline)
   return true
 end
 
+-- cpu_seconds(handle, deadline) -> seconds | nil: the CPU time of every
+-- process the box ever ran (its cgroup's, as the daemon's stats report it;
+-- a restart starts it again at 0, so the highest seen is kept).
+function M.cpu_seconds(h, deadline)
+  local st, stats = call(h.daemon, "GET", "/containers/" .. h.id .. "/stats?stream=false&one-shot=true", nil,
+    { deadline = deadline })
+  local ns = st and type(stats) == "table" and type(stats.cpu_stats) == "table"
+    and type(stats.cpu_stats.cpu_usage) == "table" and tonumber(stats.cpu_stats.cpu_usage.total_usage)
+  if not ns then return nil end
+  h.cpu_base = h.cpu_base or 0
+  if h.cpu_last and ns / 1e9 < h.cpu_last - h.cpu_base then h.cpu_base = h.cpu_last end
+  h.cpu_last = h.cpu_base + ns / 1e9
+  return h.cpu_last
+end
+
 -- clear(handle, deadline) -> true | nil, message, code: ends every process
 -- of the box but its lifetime process (a lost agent's box, before a fresh
 -- agent is placed): an in-box exec as root (box.clear_request); where that
