@@ -62,6 +62,28 @@ tap.is(r.kill_confirmed, true, "an ordinary timeout: kill_confirmed = true")
 tap.like(sbx.policy.format_result(r), "were killed", "and the model reads that it was killed")
 okbox:close()
 
+-- 4. An earlier command (a background process) writes into a later
+-- command's output through /proc/PID/fd/1 and /fd/2: refused, the later
+-- command's output is its own.
+local pbox = H.box { image = H.image, transport = "agent" }
+local forger = assert(pbox:spawn([[while [ ! -s /tmp/later ]; do sleep 0.1; done; read -r p < /tmp/later
+echo FORGED > /proc/$p/fd/1; a=$?; echo FORGED > /proc/$p/fd/2; b=$?
+# the whole tree of the later command, its children included
+for q in /proc/[0-9]*; do echo FORGED > $q/fd/1; done 2>/dev/null
+echo "$a $b" > /tmp/tried.tmp; mv /tmp/tried.tmp /tmp/tried]]))
+r = assert(pbox:exec([[echo $$ > /tmp/later; sleep 1000 & while [ ! -e /tmp/tried ]; do sleep 0.1; done; kill $!; echo real; echo own >&2]],
+  { timeout = 60 }))
+tap.is(r.stdout, "real\n", "the later command's stdout is its own")
+tap.is(r.stderr, "own\n", "and so is its stderr")
+local tried = pbox:read_file("/tmp/tried") or ""
+tap.like(tried, "^[1-9]%d* [1-9]%d*\n$", "the forger's writes failed (" .. tried:gsub("\n", "") .. ")")
+tap.is(pbox:wait(forger, 30).status, "exited", "the forger ran to its end")
+-- Output still flows as before: redirections between the streams, a pipeline.
+r = assert(pbox:exec("echo one; echo two >&2; (echo three 1>&2) 2>&1; seq 1 100000 | tail -1"))
+tap.is(r.stdout, "one\nthree\n100000\n", "stdout through a socket: redirections and pipes as ever")
+tap.is(r.stderr, "two\n", "stderr apart")
+pbox:close()
+
 -- 3. The daemon dies mid-command (the socket sbx talks to is a proxy the
 -- test kills; the machine's daemon lives): daemon_unavailable, not a
 -- timed-out command whose kill nobody could confirm.
@@ -74,7 +96,7 @@ for _, transport in ipairs { "agent", "exec" } do
     if sbx.core.path_type(sock) then break end
     sbx.sleep(0.05)
   end
-  local pbox = assert(sbx.box { image = H.busybox, docker_host = "unix://" .. sock, transport = transport })
+  pbox = assert(sbx.box { image = H.busybox, docker_host = "unix://" .. sock, transport = transport })
   tap.is(assert(pbox:exec("echo via-proxy")).stdout, "via-proxy\n", transport .. ": a box through the proxy")
   local killer = sbx.spawn(function()
     sbx.sleep(1)

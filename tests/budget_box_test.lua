@@ -73,4 +73,23 @@ view = box:wait(name, 60)
 tap.is(view and view.status, "exited", "no budget: a background process runs to its end")
 box:close()
 
+-- The local backend (as root: cgroups): the box's cpuacct group counts
+-- its CPU time.
+local L = require "local_helper"
+if L.role == "root" and os.getenv("SBX_SKIP_LOCAL") == nil then
+  local lbox, lerr = L.box { policy = { budget = { seconds = 3 } } }
+  if not lbox then
+    tap.skip("local: a box's CPU time", tostring(lerr))
+  else
+    name = assert(lbox:spawn("while :; do :; done"))
+    view = lbox:wait(name, 60)
+    tap.is(view and view.status, "killed", "local: a background burner is stopped at its seconds budget")
+    tap.ok((lbox.usage.cpu_seconds or 0) > 0, "local: box.usage.cpu_seconds is the box's cgroup CPU time (" ..
+      tostring(lbox.usage.cpu_seconds) .. ")")
+    r, err, code = lbox:exec("echo more")
+    tap.is(code, "budget_exceeded", "local: the next command is refused")
+    lbox:close()
+  end
+end
+
 tap.done()

@@ -140,6 +140,13 @@ policy.agent = {
   reattach_grace = 120,
   reattach_timeout = 60,
   attach_timeout = 10,          -- seconds for the agent to answer on its attach socket
+  -- A command's stdout and stderr are sockets, not pipes: no other process
+  -- of the box (an earlier command's leftover, a background process) can
+  -- open them through /proc/PID/fd/1 and write into this command's output.
+  -- The cost: opening /dev/stdout or /dev/stderr by name (`echo x >
+  -- /dev/stderr`, `tee /dev/stdout`) fails with ENXIO ("No such device or
+  -- address"); `>&2` and `2>&1` work. false: pipes, both ways open.
+  private_output = true,
   -- Seconds to end every process of a box whose agent was lost, before a
   -- fresh agent is placed (where the backend can: Docker).
   clear_timeout = 10,

@@ -89,6 +89,7 @@ local RULES = {
   ["agent.reattach_timeout"] = num { ge = 0 },
   ["agent.attach_timeout"] = POS,
   ["agent.clear_timeout"] = POS,
+  ["agent.private_output"] = BOOL,
   ["agent.ack_bytes"] = int { ge = 4096, le = 512 * 1024 },
   ["box.docker_host"] = maybe(str()),
   ["exec.timeout"] = POS,

@@ -126,7 +126,10 @@ local function call(d, method, path, body, opts)
       return nil, string.format("the Docker daemon at %s did not answer %s %s within %.1f s",
         d.endpoint, method, path:match("^[^?]*"), limit), "daemon_unresponsive"
     end
-    return nil, string.format("Docker daemon at %s: %s", d.endpoint, err), code == "ECONNREFUSED" and "daemon_unavailable" or code
+    -- Refused, or the connection broken before any answer (a daemon that
+    -- died under the call): the daemon is not there.
+    return nil, string.format("Docker daemon at %s: %s", d.endpoint, err),
+      (code == "ECONNREFUSED" or code == "closed") and "daemon_unavailable" or code
   end
   local decoded = r.body ~= "" and json.decode(r.body) or nil
   if r.status >= 300 and not (opts.ok and opts.ok[r.status]) then
@@ -621,6 +624,14 @@ function M.stream_error(h, info)
   if info.error_code == "ECONNREFUSED" then
     return string.format("the Docker daemon at %s is not answering (%s)", h.daemon.endpoint, info.error),
       "daemon_unavailable"
+  end
+  -- A stream broken under a command: the daemon died, if it no longer answers.
+  if info.error_code == "closed" then
+    local st, err, code = call(h.daemon, "GET", "/_ping", nil, { timeout = 2 })
+    if not st and code == "daemon_unavailable" then
+      return string.format("the Docker daemon at %s went away under the command (%s)", h.daemon.endpoint, err),
+        "daemon_unavailable"
+    end
   end
   return info.error, info.error_code
 end

@@ -46,7 +46,7 @@ local T = {
 }
 local F = { ARGV = 1, ENV = 2, CWD = 3, USER = 4, FLAGS = 5, PATH = 6, MAX = 7, MODE = 8,
   CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16, STAGE = 17 }
-local STDIN_PIPE, MKDIRS = 1, 1
+local STDIN_PIPE, SOCK_OUTPUT, MKDIRS = 1, 8, 1
 -- Linux's numbers (the same on x86_64 and aarch64).
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15, CONT = 18, STOP = 19 }
 M.T, M.F = T, F
@@ -691,7 +691,8 @@ end
 function M.start(st, req)
   local ok, err, code = alive(st)
   if not ok then return nil, err, code end
-  local payload = spawn_payload(req, req.stdin and STDIN_PIPE or 0, st.default_user, st.env)
+  local flags = (req.stdin and STDIN_PIPE or 0) | (st.pol.agent.private_output and SOCK_OUTPUT or 0)
+  local payload = spawn_payload(req, flags, st.default_user, st.env)
   if #payload > A.MAX_PAYLOAD then
     return nil, string.format("the command and its environment are %d bytes, more than the agent takes (%d)",
       #payload, A.MAX_PAYLOAD), "too_large"
