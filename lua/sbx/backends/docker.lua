@@ -126,10 +126,16 @@ local function call(d, method, path, body, opts)
       return nil, string.format("the Docker daemon at %s did not answer %s %s within %.1f s",
         d.endpoint, method, path:match("^[^?]*"), limit), "daemon_unresponsive"
     end
-    -- Refused, or the connection broken before any answer (a daemon that
-    -- died under the call): the daemon is not there.
-    return nil, string.format("Docker daemon at %s: %s", d.endpoint, err),
-      (code == "ECONNREFUSED" or code == "closed") and "daemon_unavailable" or code
+    -- A GET whose connection broke before any answer (a daemon dying
+    -- under it, a cut proxy connection) is asked once more: a daemon that
+    -- is gone then refuses.
+    if code == "closed" and method == "GET" and not opts.retried then
+      local again = {}
+      for k, v in pairs(opts) do again[k] = v end
+      again.retried = true
+      return call(d, method, path, body, again)
+    end
+    return nil, string.format("Docker daemon at %s: %s", d.endpoint, err), code == "ECONNREFUSED" and "daemon_unavailable" or code
   end
   local decoded = r.body ~= "" and json.decode(r.body) or nil
   if r.status >= 300 and not (opts.ok and opts.ok[r.status]) then
@@ -618,6 +624,14 @@ function M.start(h, req)
   return job
 end
 
+-- ping(handle) -> true | nil, message, code: does the box's daemon answer?
+-- ("daemon_unavailable" when its socket refuses.)
+function M.ping(h)
+  local st, err, code = call(h.daemon, "GET", "/_ping", nil, { timeout = 2 })
+  if not st then return nil, err, code end
+  return true
+end
+
 -- stream_error(handle, info) -> message, code: an exec stream's transport
 -- failure. A socket that is gone or refuses means the daemon is not there.
 function M.stream_error(h, info)
@@ -627,7 +641,7 @@ function M.stream_error(h, info)
   end
   -- A stream broken under a command: the daemon died, if it no longer answers.
   if info.error_code == "closed" then
-    local st, err, code = call(h.daemon, "GET", "/_ping", nil, { timeout = 2 })
+    local st, err, code = M.ping(h)
     if not st and code == "daemon_unavailable" then
       return string.format("the Docker daemon at %s went away under the command (%s)", h.daemon.endpoint, err),
         "daemon_unavailable"

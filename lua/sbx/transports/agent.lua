@@ -418,9 +418,16 @@ local function reattach(st, why, gen)
         hcode == "bad_proof" and "agent_lost" or nil
     else
       last = err
-      -- A daemon that refuses (its socket gone, nothing listening) is not
-      -- a dropped connection: the commands fail now, saying so.
-      if code == "box_gone" or code == "unsupported" or code == "disk_exceeded" or code == "daemon_unavailable" then
+      -- A daemon that refuses (its socket gone, nothing listening; asked
+      -- once more, backend.ping) is not a dropped connection: the commands
+      -- fail now, saying so.
+      if code == "daemon_unavailable" and box.backend.ping then
+        local up, _, pcode = box.backend.ping(box.handle)
+        if not up and pcode == "daemon_unavailable" then
+          return nil, string.format("the channel dropped (%s): %s", why, err), code
+        end
+      end
+      if code == "box_gone" or code == "unsupported" or code == "disk_exceeded" then
         return nil, string.format("the channel dropped (%s): %s", why, err), code
       end
     end
