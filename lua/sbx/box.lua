@@ -532,8 +532,9 @@ local function admit(self, pol, req)
   local long = too_long(req, pol)
   if long then return nil, long, "exec_failed" end
   local seconds = pol.budget and pol.budget.seconds
-  if seconds and req.timeout and seconds - self.usage.seconds < req.timeout then
-    req.timeout = seconds - self.usage.seconds
+  local used = seconds and live_usage(self).seconds
+  if seconds and req.timeout and seconds - used < req.timeout then
+    req.timeout = seconds - used
     req.budget_capped = true
   end
   self.usage.commands = self.usage.commands + 1
