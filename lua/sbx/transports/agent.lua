@@ -534,16 +534,17 @@ end
 -- of an earlier one (the state table is reused, see alive) stops at once.
 local generation = 0
 
--- open(box, pol [, into]) -> state | nil, reason, code. into: the state
--- table of a lost agent, filled anew (jobs hold it).
-function M.open(box, pol, into)
+-- open(box, pol [, into [, deadline]]) -> state | nil, reason, code. into:
+-- the state table of a lost agent, filled anew (jobs hold it); deadline: the
+-- command's that waits for it (placing is bounded by it too).
+function M.open(box, pol, into, by)
   local backend = box.backend
   if not backend.agent_channel then
     return nil, string.format("the %s backend cannot carry sbx-agent", box.backend_name), "unsupported"
   end
   local key = random_bytes(A.KEY)
   if not key then return nil, "no random bytes for the agent's key", "no_random" end
-  local deadline = core.now() + pol.agent.start_timeout
+  local deadline = math.min(core.now() + pol.agent.start_timeout, by or math.huge)
   local ch, mac_or_err, extra = backend.agent_channel(box.handle, { key = key, deadline = deadline, pol = pol })
   if not ch then return nil, mac_or_err, extra end
   extra = type(extra) == "table" and extra or {}
@@ -620,20 +621,21 @@ end
 -- A lost agent is replaced before the next command: every process of the
 -- box goes first (backend.clear: the lost agent, its supervisors, whatever
 -- its commands left, detached or stopped), then a fresh agent is placed.
-local function alive(st)
+local function alive(st, deadline)
   if not st.dead then return true end
   local box = st.boxref[1]
   if st.closed or not box then return nil, "the box is closed", "box_gone" end
   local was = st.dead
   local pol = box:policy()
   if box.backend.clear then
-    local ok, why, code = box.backend.clear(box.handle, core.now() + pol.agent.clear_timeout)
+    local ok, why, code = box.backend.clear(box.handle,
+      math.min(core.now() + pol.agent.clear_timeout, deadline or math.huge))
     if not ok then
       return nil, "the box's agent was lost (" .. tostring(was) .. ") and its processes could not be ended: " ..
         tostring(why), code or "agent_lost"
     end
   end
-  local fresh, why, code = M.open(box, pol, st)
+  local fresh, why, code = M.open(box, pol, st, deadline)
   if not fresh then
     st.dead = st.dead or was
     if code == "disk_exceeded" or code == "box_gone" or code == "daemon_unavailable" then return nil, why, code end
@@ -696,7 +698,7 @@ local function spawn_payload(req, flags, default_user, box_env)
 end
 
 function M.start(st, req)
-  local ok, err, code = alive(st)
+  local ok, err, code = alive(st, req.deadline)
   if not ok then return nil, err, code end
   local flags = (req.stdin and STDIN_PIPE or 0) | (st.pol.agent.private_output and SOCK_OUTPUT or 0)
   local payload = spawn_payload(req, flags, st.default_user, st.env)
@@ -755,7 +757,7 @@ end
 -- read_file(st, path, max, deadline) -> bytes | nil, message, code. Stops
 -- and kills the reader past max bytes (a FIFO, /dev/zero never end).
 function M.read_file(st, path, max, deadline)
-  local ok, err, code = alive(st)
+  local ok, err, code = alive(st, deadline)
   if not ok then return nil, err, code end
   local job = new_job(st, { capture = { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 },
     output = { head = 0, tail = 0 } } }, "read")
@@ -787,7 +789,7 @@ end
 
 -- write_file(st, path, data, opts, deadline) -> true | nil, message, code
 function M.write_file(st, path, data, opts, deadline)
-  local ok, err, code = alive(st)
+  local ok, err, code = alive(st, deadline)
   if not ok then return nil, err, code end
   local job = new_job(st, { capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 },
     output = { head = 0, tail = 0 } } }, "write")
