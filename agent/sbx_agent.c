@@ -989,7 +989,25 @@ start_job(uint32_t id, struct spawn_req *rq)
     if (in_p[0] < 0)
       goto fail;
   }
-  if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0 || pipe2(st_p, O_CLOEXEC) != 0)
+  if (rq->kind == KIND_CMD && (rq->flags & SBX_AP_SOCK_OUTPUT)) {
+    /* Output sockets: /proc/PID/fd/1 of the command opens nothing (ENXIO),
+    ** so no other process of the box can write into this job's output.
+    ** The agent's end only reads, the command's only writes. */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, out_p) != 0)
+      goto fail;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, err_p) != 0) {
+      close(out_p[0]);
+      close(out_p[1]);
+      goto fail;
+    }
+    shutdown(out_p[0], SHUT_WR);
+    shutdown(err_p[0], SHUT_WR);
+    shutdown(out_p[1], SHUT_RD);
+    shutdown(err_p[1], SHUT_RD);
+  } else if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
+    goto fail;
+  }
+  if (pipe2(st_p, O_CLOEXEC) != 0)
     goto fail;
   sup = fork();
   if (sup < 0)

@@ -70,7 +70,8 @@
 ** Integers in fields are big-endian of the field's length (1, 2, 4 or 8).
 **
 ** Host to agent:
-**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND]
+**   SPAWN id    ARGV* ENV* [CWD] [USER] [FLAGS u32: STDIN_PIPE, BACKGROUND,
+**               SOCK_OUTPUT]
 **               start a command (a new session, no channel fds, under a
 **               per-job subreaper)
 **   STDIN id    bytes         to the command's stdin
@@ -198,6 +199,10 @@ enum sbx_ap_field {
 #define SBX_AP_STDIN_PIPE 1u
 #define SBX_AP_BACKGROUND 2u
 /* 4u was SESSION (retired) */
+/* The command's stdout and stderr are sockets, not pipes: no other process
+** can open them through /proc/PID/fd (a socket cannot be opened there), so
+** no earlier command writes into this one's output. */
+#define SBX_AP_SOCK_OUTPUT 8u
 /* WRITE_FILE flags. */
 #define SBX_AP_MKDIRS 1u
 

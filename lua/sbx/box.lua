@@ -427,12 +427,79 @@ local function describe(self, pol, command, opts, background)
   return req
 end
 
+-- What a box has used: the settled counters (box.usage) plus what its
+-- running background processes have used so far (their wall time and
+-- output as they go, not only when they end), and seconds no less than the
+-- CPU time of every process in the box where the backend can measure it
+-- (usage.cpu_seconds, kept by the budget watcher).
+local function live_usage(self)
+  local u = self.usage
+  local seconds, bytes, now = u.seconds, u.output_bytes, core.now()
+  for _, p in pairs(self.procs) do
+    if p.status == "running" and p.job then
+      local info = p.job.stream:info()
+      seconds = seconds + (now - p.started)
+      bytes = bytes + info.stdout_bytes + info.stderr_bytes
+    end
+  end
+  if u.cpu_seconds and u.cpu_seconds > seconds then seconds = u.cpu_seconds end
+  return { commands = u.commands, seconds = seconds, output_bytes = bytes }
+end
+
 -- The first budget a box has used up: which, used, limit.
 local function spent_budget(self, pol)
-  local b, u = pol.budget or {}, self.usage
+  local b, u = pol.budget or {}, live_usage(self)
   for _, which in ipairs { "commands", "seconds", "output_bytes" } do
     if b[which] and u[which] >= b[which] then return which, u[which], b[which] end
   end
+end
+
+-- The budget watcher: while a box has a seconds or output_bytes budget,
+-- every policy.budget_poll seconds it reads the box's CPU time
+-- (backend.cpu_seconds: Docker's stats, the local backend's cpu cgroup) and
+-- what its background processes have used; past a budget it stops them
+-- all (their status "killed", error the budget's message) and ends every
+-- other process of the box (backend.clear), detached ones included. Later
+-- commands are refused with "budget_exceeded". Holds the box weakly.
+local function budget_watch(ref)
+  while true do
+    local self = ref[1]
+    if not self or self.closed then return end
+    local pol = self:policy()
+    local b = pol.budget or {}
+    if not (b.seconds or b.output_bytes) then self.budget_task = nil return end
+    if self.impl.cpu_seconds then
+      local cpu = self.impl.cpu_seconds(self.handle, core.now() + pol.budget_poll * 5)
+      if cpu then self.usage.cpu_seconds = cpu end
+    end
+    local which, used, limit = spent_budget(self, pol)
+    if which == "seconds" or which == "output_bytes" then
+      self.budget_tripped = pol.format_budget_exceeded(which, used, limit, pol)
+      for _, name in ipairs(self.proc_order) do
+        local p = self.procs[name]
+        if p.status == "running" then
+          pcall(self.kill, self, name)
+          if p.status == "running" or p.status == "killed" then
+            p.status, p.error, p.ended = "killed", self.budget_tripped, p.ended or core.now()
+          end
+        end
+      end
+      if self.impl.clear then
+        pcall(self.impl.clear, self.handle, core.now() + pol.exec.kill_grace * 3)
+      end
+      self.budget_task = nil
+      return
+    end
+    self = nil
+    core.sleep(pol.budget_poll)
+  end
+end
+
+local function watch_budget(self, pol)
+  local b = pol.budget or {}
+  if self.budget_task or self.budget_tripped or not (b.seconds or b.output_bytes) then return end
+  self.budget_task = core.spawn(budget_watch, setmetatable({ self }, { __mode = "v" }))
+  self.budget_task:unref()
 end
 
 -- A hook's changed request, checked: a mistake in a policy is an error
@@ -488,6 +555,8 @@ end
 local function admit(self, pol, req)
   local which, used, limit = spent_budget(self, pol)
   if which then return nil, pol.format_budget_exceeded(which, used, limit, pol), "budget_exceeded" end
+  if self.budget_tripped then return nil, self.budget_tripped, "budget_exceeded" end
+  watch_budget(self, pol)
   local hook = pol.hooks and pol.hooks.before_exec
   if hook then
     -- Within the command's deadline: the hook's time is the command's.
@@ -515,8 +584,9 @@ local function admit(self, pol, req)
   local long = too_long(req, pol)
   if long then return nil, long, "exec_failed" end
   local seconds = pol.budget and pol.budget.seconds
-  if seconds and req.timeout and seconds - self.usage.seconds < req.timeout then
-    req.timeout = seconds - self.usage.seconds
+  local used = seconds and live_usage(self).seconds
+  if seconds and req.timeout and seconds - used < req.timeout then
+    req.timeout = seconds - used
     req.budget_capped = true
   end
   self.usage.commands = self.usage.commands + 1
@@ -637,6 +707,75 @@ function M.kill_request(signal, job)
   }
 end
 
+-- The in-box end of every process of a box but its own lifetime process
+-- (PID 1, or the first child of an init), for a box whose agent was lost
+-- (POSIX sh, builtins only: no fork of its own joins the list). It stops
+-- every other process, looks again until no new one appears (a stopped
+-- process cannot fork), kills them all, and prints how many are left
+-- (processes that did not go: 0 when the box is clear).
+local CLEAR_SCRIPT = [[
+me=$$
+stat_of() {
+  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
+  line=${line##*) }
+  set -- $line
+  ppid=$2; start=${20}
+}
+life=1
+read -r line < /proc/1/stat
+case "$line" in
+  *"(sleep)"*) ;;
+  *) best=""
+     for p in /proc/[0-9]*; do
+       stat_of "${p#/proc/}" || continue
+       [ "$ppid" = 1 ] || continue
+       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
+     done ;;
+esac
+others() {
+  list=""
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = "$me" ] || [ "$pid" = 1 ] || [ "$pid" = "$life" ] && continue
+    stat_of "$pid" || continue
+    # A process of this very exec (the daemon's exec has PPid 0 in the box)
+    # is only the script itself; zombies wait for their parent.
+    case "$line" in Z*) continue;; esac
+    list="$list $pid"
+  done
+}
+for round in 1 2 3 4 5 6 7 8; do
+  others
+  [ -z "$list" ] && break
+  for pid in $list; do kill -s STOP "$pid" 2>/dev/null; done
+  seen=$list
+  others
+  [ "$list" = "$seen" ] || continue
+  for pid in $list; do kill -s KILL "$pid" 2>/dev/null; done
+  for pid in $list; do kill -s CONT "$pid" 2>/dev/null; done
+done
+# Killed processes take a moment to become zombies: look again a while.
+n=0
+try=0
+while [ "$try" -lt 200 ]; do
+  others
+  n=0; for pid in $list; do n=$((n+1)); done
+  [ "$n" = 0 ] && break
+  for pid in $list; do kill -s KILL "$pid" 2>/dev/null; done
+  try=$((try+1))
+done
+echo "$n"
+]]
+
+-- The request a backend starts to end every process of a box but its
+-- lifetime process (see CLEAR_SCRIPT). Small captures: it prints a count.
+function M.clear_request()
+  return {
+    argv = { "sh", "-c", CLEAR_SCRIPT }, env = {}, user = "0",
+    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
+  }
+end
+
 -- A stream's transport failure in the backend's words (Docker: a socket
 -- that is gone or refuses is "daemon_unavailable"): message, code.
 local function stream_failure(self, info)
@@ -682,8 +821,11 @@ local function kill_tree(self, pol, job, signal, tm, ts)
   local ok, err, code = tm.kill(ts, job, signal or "KILL", deadline)
   draining = false
   drainer:join()
-  if ok and stream_ends(job.stream, deadline) then return { kill_confirmed = true } end
-  if job.stream:info().eof then return { kill_confirmed = true } end
+  -- A stream that ended because its transport failed (a lost agent, a
+  -- daemon gone) confirms nothing about the processes.
+  local function confirmed() local i = job.stream:info() return i.eof and not i.error_code end
+  if ok and stream_ends(job.stream, deadline) and confirmed() then return { kill_confirmed = true } end
+  if confirmed() then return { kill_confirmed = true } end
   -- Nothing answers (a frozen daemon, a stopped agent): no fallback would
   -- either; say so by the deadline.
   if code == "daemon_unresponsive" or code == "agent_unresponsive" or code == "agent_lost" or tm ~= self.tmod then

@@ -145,6 +145,16 @@ policy.agent = {
   reattach_grace = 120,
   reattach_timeout = 60,
   attach_timeout = 10,          -- seconds for the agent to answer on its attach socket
+  -- A command's stdout and stderr are sockets, not pipes: no other process
+  -- of the box (an earlier command's leftover, a background process) can
+  -- open them through /proc/PID/fd/1 and write into this command's output.
+  -- The cost: opening /dev/stdout or /dev/stderr by name (`echo x >
+  -- /dev/stderr`, `tee /dev/stdout`) fails with ENXIO ("No such device or
+  -- address"); `>&2` and `2>&1` work. false: pipes, both ways open.
+  private_output = true,
+  -- Seconds to end every process of a box whose agent was lost, before a
+  -- fresh agent is placed (where the backend can: Docker).
+  clear_timeout = 10,
   ack_bytes = 256 * KiB,        -- bytes between acknowledgements (what each side keeps to send again)
 }
 
@@ -485,15 +495,23 @@ function policy.format_hook_timeout(which, seconds)
 end
 
 -- Per-box budgets (nil: unlimited). A refused command counts against none.
---   commands: user commands started; seconds: their wall time summed (the
---   rest caps the next command's timeout); output_bytes: bytes produced
---   (stdout + stderr, counted even when not kept). box.usage shows the
---   counters. Past a budget a command returns nil, message, "budget_exceeded".
+--   commands: user commands started; seconds: their wall time summed,
+--   background processes' as they run, and never less than the CPU time of
+--   every process in the box where the backend measures it (Docker, local
+--   with a cpu cgroup); the rest caps the next command's timeout;
+--   output_bytes: bytes produced (stdout + stderr, counted even when not
+--   kept), background processes' as they arrive. box.usage shows the
+--   settled counters (and cpu_seconds). Past a budget a command returns nil,
+--   message, "budget_exceeded"; a box past its seconds or output_bytes
+--   budget while commands run has them all stopped (see budget_poll).
 policy.budget = {
   commands = nil,
   seconds = nil,
   output_bytes = nil,
 }
+-- Seconds between a budget watcher's looks at a box with a seconds or
+-- output_bytes budget (one stats call per look on Docker).
+policy.budget_poll = 1
 
 local BUDGET_UNITS = { commands = "commands", seconds = "s", output_bytes = "bytes of output" }
 
@@ -616,13 +634,24 @@ function policy.format_output(part, pol)
   return text
 end
 
+-- The line for a command that ran past its timeout. "killed" only when the
+-- kill was confirmed (r.kill_confirmed: its processes are gone); otherwise
+-- the command may still run, and the line says so.
+function policy.format_timed_out(r, pol)
+  if r.kill_confirmed ~= false then
+    return string.format("[Timed out after %gs; the command and its child processes were killed]", r.timeout)
+  end
+  return string.format("[Timed out after %gs; the kill could not be confirmed: the command may still be running%s]",
+    r.timeout, r.kill_error and (" (" .. tostring(r.kill_error) .. ")") or "")
+end
+
 -- The text for one command result.
 function policy.format_result(r, pol)
   pol = live(pol)
   local out = pol.format_output(r.parts.output, pol)
   local lines = {}
   if r.timed_out then
-    lines[#lines + 1] = string.format("[Timed out after %gs; the command and its child processes were killed]", r.timeout)
+    lines[#lines + 1] = pol.format_timed_out(r, pol)
   elseif r.error then
     lines[#lines + 1] = "[Error: " .. r.error .. "]"
   elseif r.exit_code ~= 0 then

@@ -126,6 +126,15 @@ local function call(d, method, path, body, opts)
       return nil, string.format("the Docker daemon at %s did not answer %s %s within %.1f s",
         d.endpoint, method, path:match("^[^?]*"), limit), "daemon_unresponsive"
     end
+    -- A GET whose connection broke before any answer (a daemon dying
+    -- under it, a cut proxy connection) is asked once more: a daemon that
+    -- is gone then refuses.
+    if code == "closed" and method == "GET" and not opts.retried then
+      local again = {}
+      for k, v in pairs(opts) do again[k] = v end
+      again.retried = true
+      return call(d, method, path, body, again)
+    end
     return nil, string.format("Docker daemon at %s: %s", d.endpoint, err), code == "ECONNREFUSED" and "daemon_unavailable" or code
   end
   local decoded = r.body ~= "" and json.decode(r.body) or nil
@@ -655,12 +664,28 @@ function M.start(h, req)
   return job
 end
 
+-- ping(handle) -> true | nil, message, code: does the box's daemon answer?
+-- ("daemon_unavailable" when its socket refuses.)
+function M.ping(h)
+  local st, err, code = call(h.daemon, "GET", "/_ping", nil, { timeout = 2 })
+  if not st then return nil, err, code end
+  return true
+end
+
 -- stream_error(handle, info) -> message, code: an exec stream's transport
 -- failure. A socket that is gone or refuses means the daemon is not there.
 function M.stream_error(h, info)
   if info.error_code == "ECONNREFUSED" then
     return string.format("the Docker daemon at %s is not answering (%s)", h.daemon.endpoint, info.error),
       "daemon_unavailable"
+  end
+  -- A stream broken under a command: the daemon died, if it no longer answers.
+  if info.error_code == "closed" then
+    local st, err, code = M.ping(h)
+    if not st and code == "daemon_unavailable" then
+      return string.format("the Docker daemon at %s went away under the command (%s)", h.daemon.endpoint, err),
+        "daemon_unavailable"
+    end
   end
   return info.error, info.error_code
 end
@@ -772,6 +797,45 @@ function M.kill(h, job, signal, deadline)
     return nil, string.format("the kill command failed (exit %d): %s", exit_code, msg), "kill_failed"
   end
   return true
+end
+
+-- cpu_seconds(handle, deadline) -> seconds | nil: the CPU time of every
+-- process the box ever ran (its cgroup's, as the daemon's stats report it;
+-- a restart starts it again at 0, so the highest seen is kept).
+function M.cpu_seconds(h, deadline)
+  local st, stats = call(h.daemon, "GET", "/containers/" .. h.id .. "/stats?stream=false&one-shot=true", nil,
+    { deadline = deadline })
+  local ns = st and type(stats) == "table" and type(stats.cpu_stats) == "table"
+    and type(stats.cpu_stats.cpu_usage) == "table" and tonumber(stats.cpu_stats.cpu_usage.total_usage)
+  if not ns then return nil end
+  h.cpu_base = h.cpu_base or 0
+  if h.cpu_last and ns / 1e9 < h.cpu_last - h.cpu_base then h.cpu_base = h.cpu_last end
+  h.cpu_last = h.cpu_base + ns / 1e9
+  return h.cpu_last
+end
+
+-- clear(handle, deadline) -> true | nil, message, code: ends every process
+-- of the box but its lifetime process (a lost agent's box, before a fresh
+-- agent is placed): an in-box exec as root (box.clear_request); where that
+-- cannot run or leaves processes (a box at its pids limit), the box is
+-- restarted (every process dies, its files stay).
+function M.clear(h, deadline)
+  if h.frozen then return nil, h.frozen.message, h.frozen.code end
+  local req = require("sbx.box").clear_request()
+  local id, err, code = exec_create(h, req, deadline)
+  if not id and (code == "daemon_unavailable" or code == "daemon_unresponsive" or code == "box_gone") then
+    return nil, err, code
+  end
+  if id then
+    local s = open_stream(h, id, req)
+    if s:wait(M.seconds_left(deadline, pol().kill_timeout)) == "eof" then
+      local exit_code = M.finish(h, { id = id, stream = s }, deadline)
+      if exit_code == 0 and (s:captured("stdout")):match("^0%s*$") then return true end
+    else
+      s:close()
+    end
+  end
+  return M.restart(h, deadline)
 end
 
 -- host_kill(handle, job, deadline) -> count | nil, message, code. The

@@ -150,7 +150,7 @@ local function cgroup_mounts()
       out.v2 = mnt
     elseif fstype == "cgroup" then
       for o in opts:gmatch("[^,]+") do
-        if o == "memory" or o == "pids" or o == "cpu" then out.v1[o] = out.v1[o] or mnt end
+        if o == "memory" or o == "pids" or o == "cpu" or o == "cpuacct" then out.v1[o] = out.v1[o] or mnt end
       end
     end
   end
@@ -203,7 +203,9 @@ local function detect_cgroups(pol)
   end
   -- v1: each controller's hierarchy, under sbx's own group there.
   local c = { version = 1 }
-  for _, ctrl in ipairs { "memory", "pids", "cpu" } do
+  -- cpuacct: the box's CPU time, for the budgets (its own hierarchy, or
+  -- the cpu one's where they share it).
+  for _, ctrl in ipairs { "memory", "pids", "cpu", "cpuacct" } do
     local mnt, path = mounts.v1[ctrl], own[ctrl]
     if mnt and path then
       local dir = mnt .. (path == "/" and "" or path)
@@ -637,7 +639,7 @@ end
 -- message, code (what was made is removed).
 local function make_cgroups(cg, id)
   local made, dirs = {}, {}
-  for _, ctrl in ipairs { "memory", "pids", "cpu" } do
+  for _, ctrl in ipairs { "memory", "pids", "cpu", "cpuacct" } do
     local parent = cg[ctrl]
     if parent and not dirs[parent] then
       local dir = parent .. "/sbx-" .. id
@@ -729,6 +731,20 @@ function M.oom_killed(h)
   h.oom_kills = n
   if n > seen then return true, h.memory_limit end
   return false
+end
+
+-- cpu_seconds(handle) -> seconds | nil: the CPU time of every process of
+-- the box (its cpu cgroup: v2 cpu.stat usage_usec, v1 cpuacct.usage where
+-- cpuacct shares the cpu hierarchy), for the budgets.
+function M.cpu_seconds(h)
+  local dir = h.cpu_dir
+  if not dir then return nil end
+  if h.cgv == 2 then
+    local us = tonumber(((read_file(dir .. "/cpu.stat") or ""):match("usage_usec (%d+)")))
+    return us and us / 1e6
+  end
+  local ns = tonumber(((read_file(dir .. "/cpuacct.usage") or ""):match("%d+")))
+  return ns and ns / 1e9
 end
 
 -- oom_check(handle, job): the agent transport asks after a command ended
@@ -1178,6 +1194,8 @@ local function start(h, spec, pol, deadline)
   if h.cgroups then
     local ok, err, code = write_limits(f.cgroups, h.cgroup_of, spec)
     if not ok then return fail(err, code) end
+    local acct = f.cgroups.version == 2 and f.cgroups.cpu or f.cgroups.cpuacct
+    if acct then h.cpu_dir, h.cgv = h.cgroup_of[acct], f.cgroups.version end
     if f.cgroups.memory then
       h.memory_dir, h.cgv = h.cgroup_of[f.cgroups.memory], f.cgroups.version
       h.memory_limit = spec.memory and math.floor(spec.memory)

@@ -46,7 +46,7 @@ local T = {
 }
 local F = { ARGV = 1, ENV = 2, CWD = 3, USER = 4, FLAGS = 5, PATH = 6, MAX = 7, MODE = 8,
   CODE = 9, MESSAGE = 10, VERSION = 11, PID = 12, ARCH = 13, WINDOW = 14, GRACE = 15, ACK = 16, STAGE = 17 }
-local STDIN_PIPE, MKDIRS = 1, 1
+local STDIN_PIPE, SOCK_OUTPUT, MKDIRS = 1, 8, 1
 -- Linux's numbers (the same on x86_64 and aarch64).
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15, CONT = 18, STOP = 19 }
 M.T, M.F = T, F
@@ -418,6 +418,15 @@ local function reattach(st, why, gen)
         hcode == "bad_proof" and "agent_lost" or nil
     else
       last = err
+      -- A daemon that refuses (its socket gone, nothing listening; asked
+      -- once more, backend.ping) is not a dropped connection: the commands
+      -- fail now, saying so.
+      if code == "daemon_unavailable" and box.impl.ping then
+        local up, _, pcode = box.impl.ping(box.handle)
+        if not up and pcode == "daemon_unavailable" then
+          return nil, string.format("the channel dropped (%s): %s", why, err), code
+        end
+      end
       if code == "box_gone" or code == "unsupported" or code == "disk_exceeded" then
         return nil, string.format("the channel dropped (%s): %s", why, err), code
       end
@@ -525,16 +534,17 @@ end
 -- of an earlier one (the state table is reused, see alive) stops at once.
 local generation = 0
 
--- open(box, pol [, into]) -> state | nil, reason, code. into: the state
--- table of a lost agent, filled anew (jobs hold it).
-function M.open(box, pol, into)
+-- open(box, pol [, into [, deadline]]) -> state | nil, reason, code. into:
+-- the state table of a lost agent, filled anew (jobs hold it); deadline: the
+-- command's that waits for it (placing is bounded by it too).
+function M.open(box, pol, into, by)
   local backend = box.impl
   if not backend.agent_channel then
     return nil, string.format("the %s backend cannot carry sbx-agent", box.backend_name), "unsupported"
   end
   local key = random_bytes(A.KEY)
   if not key then return nil, "no random bytes for the agent's key", "no_random" end
-  local deadline = core.now() + pol.agent.start_timeout
+  local deadline = math.min(core.now() + pol.agent.start_timeout, by or math.huge)
   local ch, mac_or_err, extra = backend.agent_channel(box.handle, { key = key, deadline = deadline, pol = pol })
   if not ch then return nil, mac_or_err, extra end
   extra = type(extra) == "table" and extra or {}
@@ -608,13 +618,24 @@ function M.open(box, pol, into)
   return st
 end
 
--- A lost agent is replaced before the next command: placed anew.
-local function alive(st)
+-- A lost agent is replaced before the next command: every process of the
+-- box goes first (backend.clear: the lost agent, its supervisors, whatever
+-- its commands left, detached or stopped), then a fresh agent is placed.
+local function alive(st, deadline)
   if not st.dead then return true end
   local box = st.boxref[1]
   if st.closed or not box then return nil, "the box is closed", "box_gone" end
   local was = st.dead
-  local fresh, why, code = M.open(box, box:policy(), st)
+  local pol = box:policy()
+  if box.impl.clear then
+    local ok, why, code = box.impl.clear(box.handle,
+      math.min(core.now() + pol.agent.clear_timeout, deadline or math.huge))
+    if not ok then
+      return nil, "the box's agent was lost (" .. tostring(was) .. ") and its processes could not be ended: " ..
+        tostring(why), code or "agent_lost"
+    end
+  end
+  local fresh, why, code = M.open(box, pol, st, deadline)
   if not fresh then
     st.dead = st.dead or was
     if code == "disk_exceeded" or code == "box_gone" or code == "daemon_unavailable" then return nil, why, code end
@@ -677,9 +698,10 @@ local function spawn_payload(req, flags, default_user, box_env)
 end
 
 function M.start(st, req)
-  local ok, err, code = alive(st)
+  local ok, err, code = alive(st, req.deadline)
   if not ok then return nil, err, code end
-  local payload = spawn_payload(req, req.stdin and STDIN_PIPE or 0, st.default_user, st.env)
+  local flags = (req.stdin and STDIN_PIPE or 0) | (st.pol.agent.private_output and SOCK_OUTPUT or 0)
+  local payload = spawn_payload(req, flags, st.default_user, st.env)
   if #payload > A.MAX_PAYLOAD then
     return nil, string.format("the command and its environment are %d bytes, more than the agent takes (%d)",
       #payload, A.MAX_PAYLOAD), "too_large"
@@ -719,7 +741,14 @@ function M.kill(st, job, signal, deadline)
   local got = job.kill_event:wait(left)
   job.kill_event = nil
   if st.dead then return nil, st.dead, "agent_lost" end
-  if not got then return nil, "the agent did not confirm the kill in time", "agent_unresponsive" end
+  if not got then
+    -- An agent that confirms no kill in time (stopped, hung) serves no
+    -- command either: it is given up now, and the next command places a
+    -- fresh one after the box's processes are gone (alive).
+    local why = "the agent did not confirm the kill in time"
+    M.lost(st, why, "agent_unresponsive")
+    return nil, why, "agent_unresponsive"
+  end
   return true
 end
 
@@ -728,7 +757,7 @@ end
 -- read_file(st, path, max, deadline) -> bytes | nil, message, code. Stops
 -- and kills the reader past max bytes (a FIFO, /dev/zero never end).
 function M.read_file(st, path, max, deadline)
-  local ok, err, code = alive(st)
+  local ok, err, code = alive(st, deadline)
   if not ok then return nil, err, code end
   local job = new_job(st, { capture = { stdout = { head = max + 1, tail = 0 }, stderr = { head = 4096, tail = 0 },
     output = { head = 0, tail = 0 } } }, "read")
@@ -760,7 +789,7 @@ end
 
 -- write_file(st, path, data, opts, deadline) -> true | nil, message, code
 function M.write_file(st, path, data, opts, deadline)
-  local ok, err, code = alive(st)
+  local ok, err, code = alive(st, deadline)
   if not ok then return nil, err, code end
   local job = new_job(st, { capture = { stdout = { head = 0, tail = 0 }, stderr = { head = 4096, tail = 0 },
     output = { head = 0, tail = 0 } } }, "write")
