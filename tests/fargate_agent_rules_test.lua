@@ -3,9 +3,9 @@
 --   * the PTY is read 1024 bytes at a time with 1 ms between reads, and
 --     only 1 s after the command started: a `timeout = 1` command still runs
 --     (the timeout counts from the wrapper's ready marker);
---   * (not modelled: a session ends when the last holder of its PTY closes
---     it; Docker kills what an exec leaves behind, so sbx's answer, ending a
---     command at its exit marker, is only shown to work here);
+--   * a session ends when the last holder of its PTY closes it, not at the
+--     command's exit: a command that leaves a process with its terminal
+--     still returns (sbx ends it at its exit marker);
 --   * commands run as root whatever the image's USER;
 --   * a session without client input for the idle limit is terminated:
 --     sbx's keep-alive input keeps a quiet command alive;
@@ -57,9 +57,9 @@ local function wait_session(pat, pred, limit)
 end
 
 local f0 = assert(st:faults {})
-tap.ok(f0.read_pace == true and f0.agent_read_delay == 1 and f0.exec_as_root == true
+tap.ok(f0.read_pace == true and f0.agent_read_delay == 1 and f0.exec_as_root == true and f0.pty_hold == true
   and f0.idle_timeout == 1200 and f0.input_buffer == 65536,
-  "the stand-in is strict by default (read pace, 1 s first read, root, 20 min idle, bounded input)")
+  "the stand-in is strict by default (read pace, 1 s first read, root, PTY hold, 20 min idle, bounded input)")
 
 do
   local box <close> = assert(sbx.box { backend = "fargate", image = H.image })
@@ -84,11 +84,17 @@ do
   tap.ok(s and s.ptyReads >= n // 1024, string.format("the stand-in read them 1024 bytes at a time (%s reads)",
     s and s.ptyReads))
 
-  -- sbx ends a command at its exit marker, not at its session's end (on
-  -- AWS a process left on the PTY keeps the session open).
-  r, err = box:exec("setsid sleep 600 & echo held-pty", { timeout = 30 })
+  -- A process in its own session (no SIGHUP when the command's shell
+  -- exits) keeps the terminal: the session stays open; sbx ends the
+  -- command at its exit marker, not at the session's end.
+  r, err = box:exec("setsid sh -c 'touch /tmp/holder-up; exec sleep 600' & "
+    .. "while [ ! -e /tmp/holder-up ]; do sleep 0.1; done; echo held-pty", { timeout = 30 })
   tap.ok(r and not r.timed_out and r.exit_code == 0 and r.stdout == "held-pty\n",
-    "a command that leaves a process on its PTY returns at its exit (" .. tostring(r and r.stdout or err) .. ")")
+    "a command that leaves a process with its PTY returns at its exit (" .. tostring(r and r.stdout or err) .. ")")
+  s = wait_session("held-pty", function(x) return x.heldAfterExit end, 30)
+  tap.ok(s and s.heldAfterExit and #(s.ptyHolders or {}) >= 1,
+    "while the stand-in kept that session open after the command's exit (PTY holders "
+    .. tostring(s and sbx.json.encode(s.ptyHolders or {})) .. ")")
 
   -- Root, whatever the image says: the exec of a plain image.
   r = assert(box:exec("id -u"))
