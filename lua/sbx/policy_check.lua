@@ -186,7 +186,7 @@ local RULES = {
   ["fargate.start_timeout"] = POS,
   ["fargate.command_start_timeout"] = POS,
   ["fargate.ready_poll"] = POS,
-  ["fargate.ssm.keepalive_interval"] = maybe(POS),
+  ["fargate.ssm.keepalive_interval"] = maybe(num { gt = 0 }),
   ["kubernetes.kubeconfig"] = maybe(rule({ "string", "table" }, { list = str() })),
   ["kubernetes.context"] = maybe(str()),
   ["kubernetes.namespace"] = maybe(str { nonempty = true }),
