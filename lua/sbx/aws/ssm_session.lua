@@ -120,8 +120,8 @@ function Session:queue(payload_type, payload)
   self.unacked[#self.unacked + 1] = m
   if #self.unacked >= self.pol.window then self.window:clear() end
   self.last_input = core.now()
-  -- Paused (pause_publication): kept, and sent by the resend timer once
-  -- publication starts again.
+  -- Paused (pause_publication): kept, and sent when start_publication
+  -- comes.
   if self.paused then m.unsent = true else self:send_frame(frame) end
   self.kick:set()
 end
@@ -348,7 +348,6 @@ function Session:resend_loop()
       -- is input that changes nothing in the box.
       if pol.keepalive_interval and not self.paused and self.gate:is_set() and pol.terminal
         and now - self.last_input >= pol.keepalive_interval then
-        self.keepalives = (self.keepalives or 0) + 1
         self:queue(PAYLOAD.size, json.encode(ordered({ cols = pol.terminal.cols, rows = pol.terminal.rows }, { "cols", "rows" })))
       end
       if now - last_ping >= pol.ping_interval then
