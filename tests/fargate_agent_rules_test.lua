@@ -91,10 +91,17 @@ do
     .. "while [ ! -e /tmp/holder-up ]; do sleep 0.1; done; echo held-pty", { timeout = 30 })
   tap.ok(r and not r.timed_out and r.exit_code == 0 and r.stdout == "held-pty\n",
     "a command that leaves a process with its PTY returns at its exit (" .. tostring(r and r.stdout or err) .. ")")
-  s = wait_session("held-pty", function(x) return x.heldAfterExit end, 30)
-  tap.ok(s and s.heldAfterExit and #(s.ptyHolders or {}) >= 1,
-    "while the stand-in kept that session open after the command's exit (PTY holders "
-    .. tostring(s and sbx.json.encode(s.ptyHolders or {})) .. ")")
+  s = wait_session("held-pty", function(x)
+    return x.heldAfterExit or tostring(x.ptyHoldModel):find("^unavailable") ~= nil
+  end, 30)
+  if s and tostring(s.ptyHoldModel):find("^unavailable") then
+    -- The stand-in reads the container's processes in the host's /proc (root).
+    tap.skip("the stand-in kept that session open after the command's exit", "it cannot see the PTY's holders here: " .. s.ptyHoldModel)
+  else
+    tap.ok(s and s.heldAfterExit and #(s.ptyHolders or {}) >= 1,
+      "while the stand-in kept that session open after the command's exit (PTY holders "
+      .. tostring(s and sbx.json.encode(s.ptyHolders or {})) .. ")")
+  end
 
   -- Root, whatever the image says: the exec of a plain image.
   r = assert(box:exec("id -u"))
