@@ -1,5 +1,5 @@
 -- Fargate against a stand-in as strict as the SSM agent (docs/aws-protocol.md
--- 1.10): the agent's output reader turns every valid EF BF BD (U+FFFD) into
+-- 1.9): the agent's output reader turns every valid EF BF BD (U+FFFD) into
 -- a lone EF (amazon-ssm-agent, agent/session/shell/shell.go,
 -- processStdoutData). sbx's agent channel escapes what it sends
 -- (src/pty_escape.c), so U+FFFD text and binary dense in EF BF BD arrive

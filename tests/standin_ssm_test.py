@@ -671,7 +671,7 @@ def main():
     c.close()
 
     # only the oldest unacked message is resent: seq 1 waits until seq 0 is acked (on its 3rd copy)
-    s = exec_cmd("sh -c 'echo a; sleep 0.1; echo b'")
+    s = exec_cmd("sh -c 'echo a; sleep 1.5; echo b'")
     holder = {}
 
     def ack_zero_late(m):
@@ -808,10 +808,12 @@ def main():
     ok(st["status"] == "exited" and st["exitCode"] == 0 and st["discardedBytes"] > 0,
        f"... and finishes on its own; its later output was read and discarded ({st['discardedBytes']} bytes)")
     c.close()
+    set_faults(agent_read_delay=0)  # three separate frames: no 1 s wait gathering them into one
     s = exec_cmd("sh -c 'echo a; sleep 0.3; echo b; sleep 0.3; echo c'")
     c = Client(s)
     c.wait_end()
     ok(len(c.arrivals) == 2 and c.eof is not None, "drop_ws_after applies to each new session while set")
+    set_faults(agent_read_delay=1)
     set_faults(drop_ws_after=0)
     c.close()
 
@@ -1034,7 +1036,8 @@ def main():
             and clients[i].closed]
     ok(len(good) == N, f"{N} concurrent sessions each get their own output and channel_closed ({len(good)}/{N})",
        [clients[i] and clients[i].text() for i in range(N) if i not in good][:3])
-    ok(ecs_time < 1.0, f"ECS calls are answered while the sessions run ({ecs_time:.3f} s)")
+    # Not a speed test: the ECS calls are not held behind the 20 sessions (each of which lasts 2 s and more).
+    ok(ecs_time < 10.0, f"ECS calls are answered while the sessions run ({ecs_time:.3f} s)")
     sts = [session_state(x["sessionId"]) for x in sessions]
     ok(all(x["status"] == "closed" and x["exitCode"] == 0 for x in sts),
        "state: all concurrent sessions closed with exit code 0", [x["status"] for x in sts])

@@ -873,11 +873,22 @@ local function run_request(self, pol, treq, timeout, on_output, command, tm, ts)
   job.started = job.started or started
   local stream = job.stream
   local deadline = started + timeout
+  -- A transport whose command starts late (Fargate: the SSM agent's first
+  -- read waits 1 s) says when it started (job.ready_at) and how long it may
+  -- take to (job.start_timeout): the timeout counts from the start.
+  local function current_deadline()
+    if not job.start_timeout then return deadline, deadline end
+    if job.ready_at then return job.ready_at + timeout, job.ready_at + timeout end
+    local limit = started + job.start_timeout
+    return limit, math.min(limit, core.now() + (job.ready_poll or 0.05))
+  end
   local timed_out = false
   local ok, perr = pcall(function()
     while true do
-      local left = deadline - core.now()
+      local limit, wake = current_deadline()
+      local left = wake - core.now()
       local ev = left > 0 and stream:wait(left) or "timeout"
+      if ev == "timeout" and core.now() < limit then ev = "again" end
       if ev == "data" or (ev == "eof" and on_output) then
         local out, errs = stream:take()
         if on_output then

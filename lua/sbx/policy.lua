@@ -841,6 +841,12 @@ policy.fargate = {
   poll_interval = 0.5,                  -- seconds between DescribeTasks polls (one call for all waiting boxes)
   exec_connect_timeout = 30,            -- seconds ExecuteCommand is retried on TargetNotConnectedException
   exec_connect_backoff = { base = 0.2, max = 2 },  -- seconds between those tries, doubling
+  -- Exec transport: a command's timeout counts from its ready marker (the
+  -- SSM agent reads a new session's PTY only after 1 s: amazon-ssm-agent,
+  -- agent/session/shell/shell.go); until the marker comes, this many
+  -- seconds from ExecuteCommand, then the command is timed out.
+  command_start_timeout = 30,
+  ready_poll = 0.05,                    -- seconds between looks for the marker while waiting for it
   stop_reason = "sbx: box closed",
   -- A command whose data channel drops is killed in the task, by a new
   -- session; tried this many times, this many seconds apart.
@@ -860,6 +866,10 @@ policy.fargate = {
     max_resends = 3000,                 -- of one message, then the session fails (about 5 min)
     ping_interval = 300,
     ping_payload = "keepalive",
+    -- ECS Exec ends a session without client input for 20 minutes (a
+    -- websocket ping is not input); a session that sent nothing for this
+    -- many seconds sends the terminal size again. nil: never.
+    keepalive_interval = 300,
     max_message = 1024 * KiB,
     max_queue = 4 * MiB,
     backpressure_poll = 0.01,

@@ -66,6 +66,8 @@ function M.open(opts)
     rtt = pol.initial_rtt, rttvar = 0, rto = pol.initial_rto,
     handshaking = false,            -- between HandshakeRequest and HandshakeComplete
     gate = core.event(),            -- set while input may be sent
+    publish = core.event(),         -- clear between pause_publication and start_publication
+    last_input = core.now(),        -- when our last input_stream_data went (the service's idle timer)
     window = core.event(),          -- set while the unacked window has room
     kick = core.event(),            -- wakes the resend timer
     done = core.event(),
@@ -73,6 +75,7 @@ function M.open(opts)
   }, Session)
   self.gate:set()
   self.window:set()
+  self.publish:set()
   local ok, serr = ws:send(json.encode(ordered({
     MessageSchemaVersion = "1.0", RequestId = uuid(), TokenValue = opts.token,
     ClientId = client_id, ClientVersion = pol.client_version,
@@ -96,6 +99,7 @@ function Session:finish(reason, code, message, extra)
   -- Wake everyone who waits on this session.
   self.gate:set()
   self.window:set()
+  self.publish:set()
   self.kick:set()
   self.done:set()
   self.ws:close(1000)
@@ -115,7 +119,10 @@ function Session:queue(payload_type, payload)
   self.out_seq = self.out_seq + 1
   self.unacked[#self.unacked + 1] = m
   if #self.unacked >= self.pol.window then self.window:clear() end
-  self:send_frame(frame)
+  self.last_input = core.now()
+  -- Paused (pause_publication): kept, and sent when start_publication
+  -- comes.
+  if self.paused then m.unsent = true else self:send_frame(frame) end
   self.kick:set()
 end
 
@@ -196,7 +203,7 @@ function Session:deliver(m)
       -- now, so what it turned away goes again at once, not an RTO later.
       self.output_seen = true
       local now = core.now()
-      for _, u in ipairs(self.unacked) do
+      for _, u in ipairs(self.paused and {} or self.unacked) do
         u.attempts = u.attempts + 1
         u.sent = now
         self:send_frame(u.frame)
@@ -283,9 +290,22 @@ function Session:read_loop()
         end
         return self:finish("closed", nil, nil, { output = out, exit_code = self.exit_code })
       elseif t == "pause_publication" then
+        -- The service's back-pressure: no input (new or resent) until
+        -- start_publication (docs/aws-protocol.md 1.9).
         self.paused = true
+        self.publish:clear()
       elseif t == "start_publication" then
         self.paused = false
+        self.publish:set()
+        -- What waited goes at once, oldest first (what was sent before
+        -- the pause is resent by the timer, as ever).
+        local now = core.now()
+        for _, u in ipairs(self.unacked) do
+          if u.unsent then
+            u.unsent, u.sent = nil, now
+            self:send_frame(u.frame)
+          end
+        end
         self.kick:set()
       end
       -- agent_session_state and others are for the service; ignore them.
@@ -306,7 +326,8 @@ function Session:resend_loop()
     while not self.result do
       if #self.unacked == 0 then
         self.kick:clear()
-        self.kick:wait(pol.ping_interval)
+        local idle = pol.keepalive_interval and (self.last_input + pol.keepalive_interval - core.now())
+        self.kick:wait(math.max(0, math.min(pol.ping_interval, idle or math.huge)))
       else
         core.sleep(pol.resend_interval)
       end
@@ -322,6 +343,13 @@ function Session:resend_loop()
         u.sent = now
         self:send_frame(u.frame)
       end
+      -- The service ends a session without input for 20 minutes (ECS
+      -- Exec's idle timeout); a size message (the same size: no SIGWINCH)
+      -- is input that changes nothing in the box.
+      if pol.keepalive_interval and not self.paused and self.gate:is_set() and pol.terminal
+        and now - self.last_input >= pol.keepalive_interval then
+        self:queue(PAYLOAD.size, json.encode(ordered({ cols = pol.terminal.cols, rows = pol.terminal.rows }, { "cols", "rows" })))
+      end
       if now - last_ping >= pol.ping_interval then
         last_ping = now
         self.ws:ping(pol.ping_payload)
@@ -336,8 +364,10 @@ function Session:send(bytes)
   local chunk = self.pol.input_chunk
   local i = 1
   while i <= #bytes do
-    while not self.result and (not self.gate:is_set() or not self.window:is_set()) do
-      if not self.gate:is_set() then self.gate:wait() else self.window:wait() end
+    while not self.result and (not self.gate:is_set() or not self.window:is_set() or self.paused) do
+      if not self.gate:is_set() then self.gate:wait()
+      elseif self.paused then self.publish:wait()
+      else self.window:wait() end
     end
     if self.result then return nil, self.result.message or "the session ended", self.result.code or "closed" end
     self:queue(PAYLOAD.output, bytes:sub(i, i + chunk - 1))

@@ -773,7 +773,8 @@ end
 -- start(handle, req) -> job | nil, message, code
 function M.start(h, req)
   if req.user then
-    return nil, "ECS Exec runs commands as the container's user; a per-command user is not supported on Fargate", "unsupported"
+    return nil, "ECS Exec runs every command as root whatever the image's USER (the SSM agent runs as root in the "
+      .. "container and starts sessions as itself); a per-command user needs the agent transport on Fargate", "unsupported"
   end
   local id = require("sbx.box").random_id()
   local secret, serr0 = new_secret()
@@ -789,7 +790,10 @@ function M.start(h, req)
   if not out then return nil, err, code end
   local pol = h.f.ssm
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
-  local job = { stream = sink, marker = req.marker, session_id = out.session and out.session.sessionId }
+  -- The timeout counts from the ready marker (run_request in box.lua):
+  -- start_timeout bounds the wait for it, ready_at is when it came.
+  local job = { stream = sink, marker = req.marker, session_id = out.session and out.session.sessionId,
+    start_timeout = h.f.command_start_timeout, ready_poll = h.f.ready_poll }
   local s
   local secret_sent = core.event()
   local check = start_check.filter(check_id, function(bytes) sink:push("stdout", bytes) end)
@@ -800,6 +804,7 @@ function M.start(h, req)
     if ready then check.feed(bytes) else sink:push("stdout", bytes) end
   end, function()
     ready = true
+    job.ready_at = job.ready_at or core.now()
     -- Echo is off now (where stty exists).
     core.spawn(function()
       s:send(secret .. "\n")
@@ -813,7 +818,17 @@ function M.start(h, req)
   local serr, scode
   s, serr, scode = session_mod.open {
     url = out.session.streamUrl, token = out.session.tokenValue, pol = pol,
-    on_output = function(bytes) filter.feed(bytes) end,
+    on_output = function(bytes)
+      filter.feed(bytes)
+      -- The SSM agent ends a session when the last holder of its PTY closes
+      -- it, not when the command exits (docs/aws-protocol.md 1.9): a
+      -- process left in the background would hold the result. The exit
+      -- marker is the end: nothing after it is output.
+      if filter.exit_code and not job.ended_at_marker then
+        job.ended_at_marker = true
+        core.spawn(function() s:close() end)
+      end
+    end,
     room = req.chunks and function()
       local queued = sink:push("stdout", "")
       return queued == nil or queued <= limit
