@@ -64,7 +64,12 @@ okbox:close()
 
 -- 4. An earlier command (a background process) writes into a later
 -- command's output through /proc/PID/fd/1 and /fd/2: refused, the later
--- command's output is its own.
+-- command's output is its own (policy.agent.private_output, off by default).
+local dbox = H.box { image = H.image, transport = "agent" }
+r = assert(dbox:exec("echo to-stderr > /dev/stderr; echo to-stdout | tee /dev/stdout >/dev/null"))
+tap.is(r.stdout .. "|" .. r.stderr, "to-stdout\n|to-stderr\n", "by default /dev/stdout and /dev/stderr open by name")
+dbox:close()
+sbx.use_policy { agent = { private_output = true } }
 local pbox = H.box { image = H.image, transport = "agent" }
 local forger = assert(pbox:spawn([[while [ ! -s /tmp/later ]; do sleep 0.1; done; read -r p < /tmp/later
 echo FORGED > /proc/$p/fd/1; a=$?; echo FORGED > /proc/$p/fd/2; b=$?
@@ -83,6 +88,7 @@ r = assert(pbox:exec("echo one; echo two >&2; (echo three 1>&2) 2>&1; seq 1 1000
 tap.is(r.stdout, "one\nthree\n100000\n", "stdout through a socket: redirections and pipes as ever")
 tap.is(r.stderr, "two\n", "stderr apart")
 pbox:close()
+sbx.use_policy { agent = { private_output = false } }
 
 -- 3. The daemon dies mid-command (the socket sbx talks to is a proxy the
 -- test kills; the machine's daemon lives): daemon_unavailable, not a
