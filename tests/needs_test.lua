@@ -68,7 +68,7 @@ write("zzneeds_py_test.lua", "-- needs: python3:no_such_module_for_sbx\n" .. bod
 write("zzneeds_root_test.lua", "-- needs: root\n" .. body)
 
 local function run(env)
-  return H.sh(string.format("cd %s && env %s SBX_POLICY=%s tests/run.sh build zzneeds", q(dir), env, q(os.getenv("PWD") .. "/tests/data/suite_policy.lua")))
+  return H.sh(string.format("cd %s && env -u SBX_TEST_UNIT %s SBX_POLICY=%s tests/run.sh build zzneeds", q(dir), env, q(os.getenv("PWD") .. "/tests/data/suite_policy.lua")))
 end
 -- A daemon nobody answers for: DOCKER_HOST at a socket that does not exist.
 local out, code = run("DOCKER_HOST=unix://" .. dir .. "/no.sock")
