@@ -8,7 +8,8 @@
 # stopped early), when it exits non-zero or times out, or when it ran no
 # assertion. The run ends with "N passed, N failed, N skipped".
 #
-# Each test file says near its top what it needs beyond the build, in a
+# Each test file (and each fuzz/fuzz_X.c, for its replay_X over the corpus)
+# says near its top what it needs beyond the build, in a
 # comment line "needs: WORD, WORD" ("-- needs:" in Lua, "# needs:" in
 # Python and shell, "// needs:" in C and JavaScript; "needs: nothing" for
 # none). A file whose need is missing here is not run and is counted as
@@ -49,13 +50,18 @@ needs_of() {
 }
 
 # test_source NAME ARGS...: the file a run_one line runs: the first
-# argument that is a file under tests/, else tests/NAME.c (a C unit test).
+# argument that is a file under tests/, else tests/NAME.c (a C unit test),
+# else fuzz/fuzz_X.c for replay_X (a fuzz target over its corpus).
 test_source() {
   local name=$1 a; shift
   for a in "$@"; do
     [[ $a == tests/* && -f $a ]] && { echo "$a"; return; }
   done
-  [ -f "tests/$name.c" ] && echo "tests/$name.c"
+  if [ -f "tests/$name.c" ]; then
+    echo "tests/$name.c"
+  elif [[ $name == replay_* && -f fuzz/fuzz_${name#replay_}.c ]]; then
+    echo "fuzz/fuzz_${name#replay_}.c"
+  fi
 }
 
 # missing NEED: sets why_missing to why NEED is not met here (empty when
