@@ -184,7 +184,7 @@ end
 
 do
   local policy = dir .. "/pool-policy.lua"
-  write(policy, "return { pool = { size = 1 } }\n")
+  write(policy, "return { pool = { size = 1 }, box = { backend = 'docker' } }\n")
   local input = dir .. "/mcp.in"
   local INIT = { jsonrpc = "2.0", id = 1, method = "initialize", params = { protocolVersion = "2025-06-18",
     capabilities = json.object(), clientInfo = { name = "t", version = "1" } } }
