@@ -1,6 +1,8 @@
 # sbx build. Every library through pkg-config; warnings are errors.
 #   make            build/sbx, build/libsbx.{a,so}, build/sbx.so (module for lua5.4)
 #   make test       the whole suite against the real dockerd (README's command)
+#   make test-unit  the files that need nothing but the build (no Docker, no
+#                   root, no local boxes): each test file's "needs:" line
 #   make check      the suite again under ASan+UBSan
 #   make test-podman  the suite against Podman's Docker-compatible API
 #   make install PREFIX=/usr/local [DESTDIR=...]
@@ -200,6 +202,11 @@ clean-fuzz:
 test: all
 	tests/run.sh $(BUILD)
 
+# What a laptop without Docker or root can run (tests/run.sh reads each
+# file's "needs:" line).
+test-unit: all
+	SBX_TEST_UNIT=1 tests/run.sh $(BUILD)
+
 # The same suite against Podman's Docker-compatible service.
 test-podman: all
 	scripts/podman.sh $(BUILD)
@@ -237,5 +244,5 @@ clean:
 
 FORCE:
 
-.PHONY: all test test-podman check install module install-module clean FORCE
+.PHONY: all test test-unit test-podman check install module install-module clean FORCE
 -include $(wildcard $(BUILD)/*.d)

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The agent protocol codec (src/agent_proto.c): every byte of it comes from
 ** a box, whose agent a hostile image may replace. The input is a stream of

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** Docker's frame demultiplexer (src/demux.c). The payload goes through it
 ** three times: whole, one byte at a time, and in chunks the input chooses

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The answer to a hijacked request (src/hijack.c), driven the way stream.c
 ** drives it: head, then the stream through the demultiplexer or the error

@@ -1,3 +1,4 @@
+/* needs: root */
 /*
 ** The layer unpacker's path handling (src/layer.c). Each input is used
 ** twice:

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The escaping for the SSM agent's PTY reader (src/pty_escape.c).
 ** Input: the payload (and the chunk control bytes of fuzz.h). Checks:

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The SigV4 canonicaliser (src/sigv4.c) on arbitrary requests. Input: a
 ** flags byte, then NUL-separated fields: method, path, query, header name

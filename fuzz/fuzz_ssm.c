@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The SSM data-channel frame codec (src/ssm.c). The input is decoded as it
 ** is, and again with its length and digest fields made right (a fuzzer

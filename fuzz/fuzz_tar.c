@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The outputs filter (src/tar.c). Each input is used as a whole archive,
 ** filtered under the roots "out" and "o2/deep", and the invariants are

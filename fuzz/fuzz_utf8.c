@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** The bounded capture and the UTF-8 repair (src/capture.c), which turn
 ** whatever a box prints into text a model or a JSON document can read.

@@ -1,3 +1,4 @@
+-- needs: docker
 -- The agent transport under attack and faults, on Docker: a hostile command
 -- cannot reach the agent's channel (its fds, its memory), cannot forge an
 -- exit status by printing frame-shaped bytes, cannot get a replaced agent

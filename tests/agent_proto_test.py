@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# needs: python3
 """sbx-agent against an independent client: this file speaks the protocol of
 src/agent_proto.h from its description (struct, hmac, hashlib), not through
 sbx's codec, to the agent built for x86_64 and, under qemu-user, for aarch64.

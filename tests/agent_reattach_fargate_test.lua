@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- A dropped ECS Exec session under the agent (the AWS stand-in cuts the
 -- websocket and, as the SSM agent does when it cancels a session, kills the
 -- process the session started): the agent, which runs beside that process,

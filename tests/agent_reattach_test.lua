@@ -1,3 +1,4 @@
+-- needs: docker, socat
 -- A dropped channel to the agent is opened again and nothing is lost: the
 -- connection to the daemon is cut under running commands (a real socket
 -- proxy whose connections are killed), and a background process, a command

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- The example agent loop (lua/examples/agent.lua) against a local replay
 -- server that answers in OpenAI's Chat Completions and Anthropic's Messages
 -- wire formats from a recorded script. The example runs as a child process

@@ -1,3 +1,4 @@
+-- needs: docker
 -- True words about a box's agent, on Docker: a lost agent takes every
 -- process of the box with it before the next command starts; an agent a
 -- command stops is given up at that command's timeout and replaced, so the

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- sbx.aws.client: ECS (JSON 1.1) and IAM (Query) against the AWS stand-in,
 -- which checks SigV4 on every request and runs real containers for RunTask.
 local tap = require "tap"

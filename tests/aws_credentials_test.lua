@@ -1,3 +1,4 @@
+-- needs: python3
 -- sbx.aws.credentials: the credential and region chain (env, profiles,
 -- container, IMDSv2) with no network beyond loopback.
 local tap = require "tap"

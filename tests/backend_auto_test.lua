@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- backend = "auto" (issue 16 item 6): the local backend where it isolates
 -- fully here (user namespaces, a proc of the box's own, cgroups for memory,
 -- pids and cpu) and has the image without a registry; else Docker when a

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- box:kill of a background process while the daemon is slow to report the
 -- exit code (Podman under load): the process stays "killed", the exit
 -- code read meanwhile does not turn it into "exited 137".

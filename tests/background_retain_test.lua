@@ -1,3 +1,4 @@
+-- needs: docker
 -- The logs of finished background processes share a per-box budget
 -- (policy.background.retain_bytes): the oldest finished logs are freed
 -- for real, their records stay, and reading one says "evicted".

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- sbx.base64, the one codec behind traces, Docker's config.json "auth"
 -- and kubeconfig *-data fields: RFC 4648 vectors, every byte value, every
 -- padding length, and text that is not base64.

@@ -1,3 +1,4 @@
+-- needs: docker, local
 -- Budgets count every process of the box, on Docker: a CPU burner in the
 -- background, and one detached from any command (its exec long returned),
 -- use up a seconds budget and are stopped; a background writer that never

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- The command line.
 local tap = require "tap"
 local H = require "helper"

@@ -1,3 +1,4 @@
+-- needs: docker
 -- The transport conformance suite (tests/conformance.lua) for docker/exec
 -- and docker/agent: the same checks, one box per pair.
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- The transport conformance suite (tests/conformance.lua) for
 -- kubernetes/exec and kubernetes/agent, over the Kubernetes stand-in (real
 -- containers, the exec subresource on a TLS websocket, client-certificate

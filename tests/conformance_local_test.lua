@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- The transport conformance suite (tests/conformance.lua) for local/agent,
 -- as root and as the two unprivileged users (tests/local_helper.lua): a
 -- user with an /etc/subuid range (per-command users work), and one

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- The host without Docker: tasks, waits, events, semaphores, JSON, text,
 -- HTTP errors.
 local tap = require "tap"

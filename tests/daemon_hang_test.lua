@@ -1,3 +1,4 @@
+-- needs: docker, root, dockerd
 -- A hung daemon never hangs sbx: against a dockerd of the test's own,
 -- frozen with SIGSTOP, a timed-out command returns by its timeout +
 -- exec.kill_grace + 1 s with its partial output and says the kill could not

@@ -1,3 +1,4 @@
+-- needs: docker
 -- A box that writes past its disk limit (policy.box.disk). Which daemons
 -- have a storage quota (from /info answers); on this one (overlay2 on ext4:
 -- no quota) sbx watches each box's writable layer and freezes a box past

@@ -1,3 +1,4 @@
+-- needs: docker
 -- box.limits on the Docker backend, against the real daemon: what a box
 -- asked for, that the daemon holds it (checked from the daemon's side), and
 -- strict_limits (everything Docker is asked here it enforces: the disk by a

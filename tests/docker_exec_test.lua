@@ -1,3 +1,4 @@
+-- needs: docker
 -- Commands in a real Docker box: streams, exit codes, env/cwd/user, stdin,
 -- shells, streaming callbacks, text hygiene.
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: docker
 -- The daemon refusing a command, and the daemon vanishing under a box:
 -- errors with their codes (exec_failed, daemon_unavailable), never a
 -- result that looks like the command's own exit code.

@@ -1,3 +1,4 @@
+-- needs: docker
 -- Timeouts and kills take the whole process tree, inside the box, without
 -- host pids; background processes keep bounded output and can be read,
 -- waited for and killed.

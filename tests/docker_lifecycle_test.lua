@@ -1,3 +1,4 @@
+-- needs: docker
 -- Box lifecycle against the real daemon: what the container looks like,
 -- destroy paths (close, <close>, gc, exit, signals), the reaper after
 -- kill -9, and clear errors for a missing daemon or image.

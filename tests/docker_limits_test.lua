@@ -1,3 +1,4 @@
+-- needs: docker
 -- Hostile commands: a fork bomb, a memory hog, a gigabyte of output. The
 -- host stays fine and sbx stays in bounded memory.
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: docker
 -- A command the kernel's OOM killer ends says so (oom_killed), and only
 -- that command: the count is per box and read after each SIGKILL exit.
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: docker, socat
 -- DOCKER_HOST=tcp://: the daemon reached over TCP (through socat on
 -- loopback, forwarding to the daemon's unix socket), for API calls and for
 -- hijacked exec streams with stdin.

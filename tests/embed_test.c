@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** Embedding: a C program links libsbx, runs Lua that uses the sbx module
 ** (tasks on the loop included) and reads a value back. TAP output.

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- What a command is made of reaches the box as C strings: a NUL byte would
 -- cut an argument short, so it is refused before anything runs, never
 -- changed. Env names are names. A model's arguments (NUL, huge or odd

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- Fargate against a stand-in as strict as the SSM agent and ECS Exec
 -- (docs/aws-protocol.md 1.9), each rule with what sbx does under it:
 --   * the PTY is read 1024 bytes at a time with 1 ms between reads, and

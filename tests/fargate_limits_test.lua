@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- Isolation on Fargate boxes, against the AWS stand-in (which runs each
 -- task as a real container from the task definition sbx registered): what
 -- ECS can hold goes into the task definition and holds in the box; what it

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- Fargate against a stand-in as strict as the SSM agent (docs/aws-protocol.md
 -- 1.9): the agent's output reader turns every valid EF BF BD (U+FFFD) into
 -- a lone EF (amazon-ssm-agent, agent/session/shell/shell.go,

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- Fargate boxes end to end against the AWS stand-in: ECS and IAM over SigV4,
 -- RunTask into a real container, commands over the SSM data channel
 -- (websocket, acks, resends), the same box and tool surface as Docker, the

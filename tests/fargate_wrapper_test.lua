@@ -1,3 +1,4 @@
+-- needs: python3
 -- The Fargate command wrapper and its marker filter, without AWS: the
 -- wrapper runs under real shells on a real PTY (tests/pty_run.py), byte
 -- splits are exhaustive, CR-LF handling is checked both ways, and the exit

@@ -1,3 +1,4 @@
+-- needs: docker
 -- read_file of a source that never ends: it stops once more than the
 -- limit has arrived, or at its timeout, and the reader (cat) does not
 -- outlive the call.

@@ -1,3 +1,4 @@
+-- needs: docker
 -- Files in and out of a box, through exec stdin, so read-only roots and
 -- tmpfs mounts work too; sizes are bounded by policy.
 local tap = require "tap"

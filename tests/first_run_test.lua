@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- A first run that works offline: the policy's default image is one that
 -- scripts/setup.sh builds (no registry is reachable here), so sbx.box{}
 -- without an image, `sbx eval` and `sbx mcp` without --image work with the

@@ -1,3 +1,4 @@
+-- needs: docker, local
 -- A task cannot change its own grade (issue 17, docs/grading.md). Every
 -- task below has a check that fails on an honest reading (the run wrote
 -- "wrong"); each run attacks the check another way, and the verdict must

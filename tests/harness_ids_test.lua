@@ -1,3 +1,4 @@
+-- needs: nothing
 -- Task ids and resume: an id is known by one key in the task list and in
 -- the results file read back, so a finished task is skipped exactly; ids
 -- a results line cannot hold (not UTF-8, not finite) are usage errors.

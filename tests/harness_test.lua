@@ -1,3 +1,4 @@
+-- needs: docker
 -- The evaluation harness (sbx.harness and `sbx eval`) against the real daemon.
 local tap = require "tap"
 local H = require "helper"

@@ -1,3 +1,4 @@
+-- needs: docker
 -- Policies that act, against the real daemon: a policy file's before_exec
 -- refusal never runs (checked in the box), a commands budget refuses the
 -- next command with its code, box.usage counts; the example guard policy

@@ -1,3 +1,4 @@
+-- needs: python3
 -- The HTTP client against a real local server (Python's http.server, started
 -- here on 127.0.0.1, port chosen by the kernel): streamed bodies, bounded
 -- buffering, timeouts, retries with backoff and Retry-After, JSON, SSE. The

@@ -1,3 +1,4 @@
+-- needs: docker, local, root, python3
 -- Importing images a stranger made: pull = "never" never reaches a
 -- registry (a loopback listener counts every connection); an image config
 -- with mistyped fields and a garbage manifest.json fail at import, naming

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- The image parsers under hostile input (they are Lua, so a property test
 -- stands where a C parser would have a fuzz target): image configs,
 -- `docker save` manifest.json, OCI and Docker manifests, indexes and

@@ -1,3 +1,4 @@
+-- needs: docker, python3, docker-registry
 -- Pulls from Debian's docker-registry (the distribution server) on
 -- loopback, with Docker Hub style token auth from an issuer beside it and
 -- a proxy that misbehaves on request (tests/images_registry.py): digests,

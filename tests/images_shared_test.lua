@@ -1,3 +1,4 @@
+-- needs: docker, local
 -- Boxes that need one image the cache lacks share its fetch: eight local
 -- boxes at once from a freshly tagged image (a name no cache has seen)
 -- all start, and the image is exported from the daemon once and each of

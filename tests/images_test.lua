@@ -1,3 +1,4 @@
+-- needs: docker, local
 -- sbx.images without a registry: docker save and OCI archives, OCI layout
 -- directories, a local daemon, bare names, rootfs: and host; the cache
 -- (one layer for one diff id whatever the source, names, archives that

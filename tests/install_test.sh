@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: nothing
 # make install PREFIX=... lays out a working sbx: the binary, the libraries,
 # the header, sbx.pc (a C program builds from `pkg-config --cflags --libs sbx`
 # alone, against the shared and against the static library), the man page and

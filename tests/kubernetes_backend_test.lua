@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- The Kubernetes backend against the stand-in: the pod a box is (as the API
 -- server received it), isolation (NetworkPolicy for network = none, the
 -- box's limits, explicit options a pod cannot hold refused), pods that

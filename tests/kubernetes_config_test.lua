@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- Kubernetes configuration as kubectl and client-go find it, against the
 -- stand-in: the YAML of kubeconfig files, merged files (KUBECONFIG and the
 -- policy's list), contexts and namespaces, relative paths, and every way to

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- The Kubernetes backend under the stand-in's faults: 429 with Retry-After
 -- and 5xx (API calls and exec upgrades), slow scheduling (readiness by
 -- watch, bounded by start_timeout), a dropped or expired watch, an image

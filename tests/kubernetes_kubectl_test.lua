@@ -1,3 +1,4 @@
+-- needs: docker, python3, kubectl
 -- kubectl against the stand-in: discovery (/version, /api, /apis), create,
 -- get (as a Table), list by label, delete (with its watch for the end),
 -- NotFound from a Status; it also reads the pod and NetworkPolicy of a box

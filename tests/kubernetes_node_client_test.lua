@@ -1,3 +1,4 @@
+-- needs: docker, python3, node
 -- The official Kubernetes JavaScript client (@kubernetes/client-node, in
 -- tests/sdk) against the stand-in: it creates, watches, execs (stdin, exit
 -- code) and deletes a pod of its own, and reads and execs into a box sbx

@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- The Kubernetes backend against the stand-in in its strict modes, each a
 -- rule of the real servers (docs/kubernetes.md, "Where the stand-in was
 -- lenient"): an exec upgrade whose Accept is not */* gets 406 (the

@@ -1,3 +1,4 @@
+-- needs: python3, root
 -- core.layer.unpack against hostile and broken layers, built here with
 -- Python's tarfile: every bad entry is a clear error, nothing is written
 -- outside the directory being unpacked, and a good layer comes out as

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- Isolation limits without a daemon: what every box reports in box.limits,
 -- which options are refused ("unsupported") and when (set explicitly, or a
 -- default under strict_limits), and what Fargate declares it can hold.

@@ -1,3 +1,4 @@
+-- needs: docker
 -- The bundled lm-deluge policy reproduces lm-deluge 0.0.89's DockerSandbox
 -- strings exactly (tool texts, output rules, process listing).
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- The local backend where users run it: sbx inside containers the test
 -- starts (tests/local_container_image.sh builds the image from the built
 -- tree and the locally built sbx-debian:12; no registry, no daemon inside),

@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- A local box's writable layer on disk, not in host memory (issue 17 attack
 -- 7): a user's box kept its files in a tmpfs that no memory cgroup
 -- counted, so a box limited to 256 MiB pinned its whole disk limit (10 GiB

@@ -1,3 +1,4 @@
+-- needs: docker, local, root, perl
 -- The local backend's isolation, tried by a hostile command in the box, as
 -- root and as the unprivileged users: the seccomp filter (even with
 -- CAP_SYS_ADMIN in the box), capabilities, no_new_privs, /proc/sys, the

@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- The local backend's lifecycle, as root and as the unprivileged users:
 -- kill -9 of sbx leaves no process, `sbx reap --backend local` removes
 -- what it left on disk, close() and the collector leave nothing, lifetimes,

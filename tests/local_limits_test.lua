@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- The local backend's limits, tried by hostile commands, as root (cgroups)
 -- and as the unprivileged users (rlimits): a fork bomb, memory hogs, a disk
 -- filler, a CPU spinner, and what box.limits says about each.

@@ -1,3 +1,4 @@
+-- needs: docker
 -- The scheduler keeps running tasks while the main chunk blocks on input:
 -- a wake that comes from a timer must not be followed by a poll that
 -- sleeps until the next input line (regression: the MCP server hung).

@@ -1,3 +1,4 @@
+-- needs: docker
 -- `sbx mcp` over pipes, line by line: what the server answers to messages
 -- an SDK client never sends (over-long lines, notifications before and
 -- after initialize, ids it must not answer), and the texts it takes from

@@ -1,3 +1,4 @@
+-- needs: docker, local, root
 -- sbx without a Docker daemon: the README's first command (the hello
 -- example) runs on the local backend when no daemon answers. The test hides
 -- the daemon's socket in a mount namespace of its own (the daemon keeps

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- Policy is Lua, all the way down, with no daemon: every data knob and every
 -- hook changes what the model reads; overrides reach hooks through the live
 -- policy; per-box overlays; validation at load; before_exec/after_exec and

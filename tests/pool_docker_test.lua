@@ -1,3 +1,4 @@
+-- needs: docker
 -- Warm pools with real boxes: labels, taking and refilling, concurrent
 -- takes, and what is left after a normal exit, SIGINT (boxes ready, boxes
 -- still being made), kill -9 plus `sbx reap`; `sbx eval --pool` and `sbx

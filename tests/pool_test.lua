@@ -1,3 +1,4 @@
+-- needs: nothing
 -- Warm pools (sbx.pool) on the daemon-free fake backend: the contract,
 -- taking, never twice, bounded creation, backoff on a failing backend,
 -- retirement by age, resize, close and drain, the exit hook, spec matching

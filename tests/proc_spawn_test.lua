@@ -1,3 +1,4 @@
+-- needs: nothing
 -- core.proc.spawn: a host process on the loop whose pipes are an
 -- sbx.stream (the local backend's agent channel is one). Output, stdin,
 -- back-pressure, exit statuses, signals, the sync socket, memfd files,

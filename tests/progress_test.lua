@@ -1,3 +1,4 @@
+-- needs: docker, python3
 -- Progress of long steps (sbx.progress, policy.progress): an image's export
 -- from the daemon, its download from a registry and its unpacking say how
 -- many bytes at what rate, on stderr only; on a terminal from the start,

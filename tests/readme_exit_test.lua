@@ -1,3 +1,4 @@
+-- needs: docker, local, python3
 -- `sbx run` exits when its script ends, closing the boxes the script left
 -- open, on every backend and transport. The README's Kubernetes and Fargate
 -- snippets are that shape (no <close>, no box:close()): they run here as

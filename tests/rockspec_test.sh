@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: luarocks
 # The rockspec: `luarocks make` in the source directory builds sbx.so from
 # scratch (a fresh build directory, no network) into a fresh rock tree, and a
 # stock lua5.4 given only that tree's paths loads it and uses it. TAP output.

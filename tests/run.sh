@@ -7,6 +7,22 @@
 # assertion fails, when its plan is missing or does not match what ran (it
 # stopped early), when it exits non-zero or times out, or when it ran no
 # assertion. The run ends with "N passed, N failed, N skipped".
+#
+# Each test file (and each fuzz/fuzz_X.c, for its replay_X over the corpus)
+# says near its top what it needs beyond the build, in a
+# comment line "needs: WORD, WORD" ("-- needs:" in Lua, "# needs:" in
+# Python and shell, "/* needs: */" in C, "// needs:" in JavaScript; "needs: nothing" for
+# none). A file whose need is missing here is not run and is counted as
+# skipped, with the reason. The words:
+#   docker       a Docker (or Podman) daemon answers where sbx looks for one
+#   local        the local backend can make boxes: bwrap, user namespaces
+#   root         the runner is root
+#   network      the internet: only with SBX_TEST_NETWORK=1 (no file needs
+#                it today; the suite runs offline)
+#   python3:MOD  python3 can import MOD
+#   any other    a program of that name on PATH (python3, node, socat, ...)
+# SBX_TEST_UNIT=1 (make test-unit) runs only the files that need none of
+# docker, local, root and network: what a laptop without Docker can run.
 #   tests/run.sh [BUILD_DIR] [PATTERN]
 set -u
 cd "$(dirname "$0")/.."
@@ -21,8 +37,68 @@ export LUA_PATH="$PWD/tests/?.lua;;"
 export SBX_POLICY=${SBX_POLICY:-$PWD/tests/data/suite_policy.lua}
 limit=${SBX_TEST_TIMEOUT:-600}
 
+unit=${SBX_TEST_UNIT:-}
+
 passed=0 failed=0 skipped=0
-failures=() skips=()
+failures=() skips=() not_unit=()
+
+# needs_of FILE: the words of FILE's "needs:" line (among its first 30
+# lines), blank-separated; nothing when it says "nothing" or has none.
+needs_of() {
+  sed -n -E '1,30{s@^[[:space:]]*(--|#|//|/\*)[[:space:]]*needs:[[:space:]]*@@p}' "$1" 2>/dev/null |
+    head -n 1 | sed -e 's#\*/##' -e 's/,/ /g' -e 's/\<nothing\>//'
+}
+
+# test_source NAME ARGS...: the file a run_one line runs: the first
+# argument that is a file under tests/, else tests/NAME.c (a C unit test),
+# else fuzz/fuzz_X.c for replay_X (a fuzz target over its corpus).
+test_source() {
+  local name=$1 a; shift
+  for a in "$@"; do
+    [[ $a == tests/* && -f $a ]] && { echo "$a"; return; }
+  done
+  if [ -f "tests/$name.c" ]; then
+    echo "tests/$name.c"
+  elif [[ $name == replay_* && -f fuzz/fuzz_${name#replay_}.c ]]; then
+    echo "fuzz/fuzz_${name#replay_}.c"
+  fi
+}
+
+# missing NEED: sets why_missing to why NEED is not met here (empty when
+# it is). Each answer is worked out once per run.
+declare -A need_answer=()
+why_missing=
+missing() {
+  local need=$1 why=
+  if [ -n "${need_answer[$need]+set}" ]; then
+    why_missing=${need_answer[$need]}
+    return
+  fi
+  case $need in
+    docker)
+      # sbx's own search (DOCKER_HOST, then the usual sockets), with a bound.
+      local probe
+      probe=$(mktemp)
+      # (Its output, not its status: under make check a leak report at
+      # exit would turn a daemon that answers into one that does not.)
+      echo 'print(require("sbx.backends.docker").connect() and "answers" or "no")' > "$probe"
+      [ "$(timeout -k 5 30 "$SBX_BIN" run "$probe" 2>/dev/null)" = answers ] || why="no Docker daemon answers"
+      rm -f "$probe" ;;
+    local)
+      if ! command -v bwrap >/dev/null; then
+        why="no bwrap (bubblewrap) on PATH"
+      elif ! unshare --user --map-root-user true 2>/dev/null; then
+        why="user namespaces are not allowed here"
+      fi ;;
+    root) [ "$(id -u)" -eq 0 ] || why="not root" ;;
+    network) [ -n "${SBX_TEST_NETWORK:-}" ] || why="the suite runs offline (SBX_TEST_NETWORK=1 allows it)" ;;
+    python3:*)
+      /usr/bin/python3 -c "import ${need#python3:}" 2>/dev/null || why="python3 cannot import ${need#python3:}" ;;
+    *) command -v "$need" >/dev/null || why="no $need on PATH" ;;
+  esac
+  need_answer[$need]=$why
+  why_missing=$why
+}
 
 # tap_counts: reads TAP on stdin and prints
 #   passed failed skipped todo tests plans plan plan_where
@@ -57,6 +133,27 @@ tap_counts() {
 run_one() {
   local name=$1; shift
   [ -n "$pattern" ] && [[ $name != *$pattern* ]] && return
+  local src need why=() words
+  src=$(test_source "$name" "$@")
+  words=$([ -n "$src" ] && needs_of "$src")
+  for need in $words; do
+    if [ -n "$unit" ] && [[ " docker local root network " == *" $need "* ]]; then
+      not_unit+=("$name")
+      return
+    fi
+    missing "$need"
+    [ -n "$why_missing" ] && why+=("$need: $why_missing")
+  done
+  if [ ${#why[@]} -gt 0 ]; then
+    local reason
+    reason=$(printf '%s; ' "${why[@]}")
+    reason=${reason%; }
+    echo "# --- $name"
+    echo "# $name skipped: needs $reason"
+    skipped=$((skipped + 1))
+    skips+=("$name (needs $reason)")
+    return
+  fi
   local out rc
   echo "# --- $name"
   out=$(timeout -k 10 "$limit" "$@" 2>&1)
@@ -140,6 +237,7 @@ for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
 
+[ ${#not_unit[@]} -gt 0 ] && echo "# not in the unit run (they need docker, local, root or network): ${not_unit[*]}"
 [ ${#skips[@]} -gt 0 ] && echo "# skipped: ${skips[*]}"
 if [ ${#failures[@]} -gt 0 ]; then
   echo "# failed: ${failures[*]}"

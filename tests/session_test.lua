@@ -1,3 +1,4 @@
+-- needs: docker
 -- Sessions (box:session(), policy.exec.stateful): each command is a new
 -- shell process whose exit status the agent or the exec transport reads
 -- (waitpid), with the shell's state carried over in a file. Attacked as a

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- scripts/setup.sh and scripts/build-images.sh never go silent for minutes:
 -- each step says what it does, and a long command (apt-get, debootstrap,
 -- npm, an export) runs under `busy`, which says every

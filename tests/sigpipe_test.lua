@@ -1,3 +1,4 @@
+-- needs: docker
 -- A reader that goes away: `sbx run script.lua | head -1` and an MCP client
 -- that stops reading. sbx must not be killed by SIGPIPE: it removes every
 -- box it made and exits with its documented status (141 for run, as a

@@ -1,3 +1,4 @@
+-- needs: python3
 -- The SSM data-channel client (sbx.aws.ssm_session) against a scripted
 -- agent (tests/ws_server.py /script): the rules of docs/aws-protocol.md 1.5-1.8
 -- checked frame by frame, independent of the stand-in's own choices.

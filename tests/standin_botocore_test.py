@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# needs: docker, python3:boto3, python3:botocore
 """Proof that scripts/aws-standin speaks the real AWS wire formats: drive it with botocore/boto3.
 
 Needs the Debian packages python3-boto3 python3-botocore (this test installs nothing) and a dockerd with

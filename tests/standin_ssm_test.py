@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# needs: docker, python3:botocore
 """The SSM data channel of scripts/aws-standin, seen by a client written here from the protocol notes
 (docs/aws-protocol.md section 1) and checked against the official frame vectors
 (tests/data/ssm/vectors.jsonl). botocore creates the cluster, task and ExecuteCommand session;

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- The exec start check (lua/sbx/transports/start_check.lua): its script
 -- under real shells (sh, dash, bash, busybox when installed), and its
 -- output filter at every split of the stream.

@@ -1,3 +1,4 @@
+-- needs: docker, lua5.4
 -- The sbx module loads into a stock lua5.4 (sbx.so on LUA_CPATH) and its
 -- tasks and blocking calls work there as under the sbx binary.
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- core.stream.sink: the socketless stream a Lua transport (the SSM data
 -- channel) feeds; readers see the same methods as on a Docker exec stream.
 local tap = require "tap"

@@ -1,3 +1,4 @@
+-- needs: docker
 -- A task file is data from a stranger: it may not widen a box's isolation or
 -- reach the host. Hostile JSONL tasks (binds, host pid/network namespaces,
 -- capabilities, another daemon, spoofed labels, a policy, a backend, bigger

@@ -1,3 +1,4 @@
+-- needs: docker
 -- The LLM tools of the default policy: schemas, validation of a model's
 -- arguments, and the texts it reads back.
 local tap = require "tap"

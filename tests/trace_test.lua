@@ -1,3 +1,4 @@
+-- needs: docker
 -- Call traces (sbx.trace) and the replay backend: a session recorded against
 -- the real daemon, checked line by line, then replayed in a child sbx that
 -- cannot reach Docker, with every result and tool text compared.

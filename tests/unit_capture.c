@@ -1,3 +1,4 @@
+/* needs: nothing */
 /* Unit tests for the pure capture and UTF-8 code (TAP output). */
 #include "capture.h"
 

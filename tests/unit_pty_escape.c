@@ -1,3 +1,4 @@
+/* needs: nothing */
 /* Unit tests for the escaping through the SSM agent's PTY reader (TAP). */
 #include "pty_escape.h"
 

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** SigV4 against the aws-c-auth test suite, then cases of our own for what
 ** the suite leaves out. Every case directory is run four ways: header

@@ -1,3 +1,4 @@
+/* needs: nothing */
 /*
 ** Unit tests for the SSM data-channel codec (TAP). Every vector of
 ** vectors.jsonl (frames made and parsed by the official session-manager-plugin)

@@ -1,3 +1,4 @@
+-- needs: nothing
 -- The two core primitives the disk watcher stands on: a stream ended with
 -- an error from Lua (a frozen box fails its commands), and a task that does
 -- not hold `sbx run` open (one poller per daemon, for as long as boxes are).

@@ -1,3 +1,4 @@
+-- needs: python3
 -- core.ws against a real websocket server written here from RFC 6455
 -- (tests/ws_server.py, Python stdlib, on 127.0.0.1, port chosen by the
 -- kernel; a second copy speaks TLS with a certificate made for this run).

@@ -1,3 +1,4 @@
+// needs: docker, python3, node
 // The official Kubernetes JavaScript client (@kubernetes/client-node) drives
 // the stand-in (scripts/k8s-standin): create a pod, watch it to Running,
 // exec with stdin and an exit code (websocket, v5 or v4 channels), list by

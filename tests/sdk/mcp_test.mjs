@@ -1,3 +1,4 @@
+// needs: docker, node
 // The MCP server driven by the official MCP client SDK: initialize, list
 // tools, run commands, background processes, errors, progress, a cancelled
 // call whose process is really killed, and a shutdown that removes the box.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: node
 # Each export format is type-checked against the official SDKs' own types:
 # `sbx tools --format F` becomes a TypeScript literal of the SDK's tool type
 # and tsc (strict, excess-property checks) must accept it. TAP output.
