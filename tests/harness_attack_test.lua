@@ -103,9 +103,11 @@ local function attacks(preload, evil_tar, tracer)
   if tracer then
     local start = " && chmod +x /tmp/tr && (setsid /tmp/tr </dev/null >/dev/null 2>&1 &) ; sleep 0.3"
     -- The control: with no protection (the run's own grep), the forger
-    -- turns a failing grep into status 0.
+    -- turns a failing grep into status 0. It gets three tries: about one
+    -- run in ten, on Docker and local alike, its scan of /proc misses the
+    -- first sh (not understood; not reproducible with the forger logging).
     t[#t + 1] = { id = "ptrace-control", files = { ["/tmp/tr"] = tracer },
-      run = WRONG .. start .. "; sh -c 'sleep 1; " .. CHECK .. "'" }
+      run = WRONG .. start .. "; for i in 1 2 3; do sh -c 'sleep 1; " .. CHECK .. "' && exit 0; done; exit 1" }
     t[#t + 1] = { id = "ptrace", outputs = OUT, files = { ["/tmp/tr"] = tracer },
       check = "sleep 1; " .. CHECK, run = WRONG .. start .. "; true" }
   end
@@ -159,13 +161,13 @@ local preload, evil_tar, tracer = build_preload(), dotdot_tar(), build_tracer()
 local saved = sbx.policy.grade.max_output_bytes
 sbx.policy.grade.max_output_bytes = 1024 * 1024
 
--- Docker, fresh check boxes.
-local s = harness.run { concurrency = 4, box = { image = H.image }, progress = "none",
+-- Docker, fresh check boxes (named: "auto" would pick the local backend).
+local s = harness.run { concurrency = 4, backend = "docker", box = { image = H.image }, progress = "none",
   tasks = attacks(preload, evil_tar, tracer) }
 expect("docker", by_id(s.results), preload, evil_tar, tracer)
 
 -- Docker refuses a same-box check, and says why.
-s = harness.run { concurrency = 1, box = { image = H.image }, progress = "none",
+s = harness.run { concurrency = 1, backend = "docker", box = { image = H.image }, progress = "none",
   tasks = { { id = "same", run = WRONG, check = CHECK, check_box = "same" } } }
 local x = by_id(s.results).same or {}
 tap.ok(x.status == "error" and x.code == "unsupported" and tostring(x.error):find("local backend", 1, true),
