@@ -28,6 +28,15 @@ static const char HOST_KEY = 'h';
 
 enum { TASK_READY, TASK_WAITING, TASK_DONE, TASK_FAILED };
 
+/* Signals, process-wide (see on_signal). */
+static volatile sig_atomic_t sig_count, sig_last;
+static uv_async_t *sig_async;          /* the host's, while it lives */
+static lua_State *volatile sig_main;   /* its main thread (the handler hooks it) */
+static int sig_taken;                  /* the part of sig_count already taken */
+static int undelivered;                /* taken, not yet delivered to waits */
+static struct sigaction old_int, old_term;
+
+
 struct sbx_task {
   struct sbx_host *host;
   lua_State *co;
@@ -61,12 +70,19 @@ sbx_now(void)
 
 
 struct sbx_host *
-sbx_host_get(lua_State *L)
+sbx_host_peek(lua_State *L)
 {
   struct sbx_host *h;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &HOST_KEY);
   h = lua_touserdata(L, -1);
   lua_pop(L, 1);
+  return h;
+}
+
+struct sbx_host *
+sbx_host_get(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_peek(L);
   if (!h)
     luaL_error(L, "sbx host not initialised (require 'sbx' first)");
   return h;
@@ -168,6 +184,12 @@ waiter_cancel(struct sbx_waiter *w, int why)
   sbx_wake(w);
 }
 
+void
+sbx_waiter_cancel(struct sbx_waiter *w, int why)
+{
+  waiter_cancel(w, why);
+}
+
 static int
 op_gc(lua_State *L)
 {
@@ -222,6 +244,10 @@ int
 sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
 {
   struct sbx_task *t = task_of(L);
+  w->thread = L;
+  /* A thread whose deadline ended waits for nothing more. */
+  if (!w->woken && sbx_deadline_state(L))
+    waiter_cancel(w, SBX_CANCEL_DEADLINE);
   if (w->woken)
     return k(L, LUA_OK, ctx);
   if (t && t->co == L && lua_isyieldable(L)) {
@@ -279,7 +305,9 @@ sbx_raise_cancelled(lua_State *L)
   struct sbx_host *h = sbx_host_get(L);
   struct sbx_task *t = task_of(L);
   /* No position prefix: callers match these messages by their start. */
-  if (t && t->cancel_requested)
+  if (sbx_deadline_state(L) == SBX_DEADLINE_TIMEOUT)
+    lua_pushliteral(L, "deadline exceeded");
+  else if (t && t->cancel_requested)
     lua_pushliteral(L, "cancelled");
   else
     lua_pushfstring(L, "interrupted (signal %d)", h->last_signal);
@@ -375,6 +403,7 @@ deliver_interrupt(struct sbx_host *h)
 {
   struct sbx_waiter *w = h->pending.next, *next;
   h->interrupt_pending = 0;
+  undelivered = 0;
   for (; w != &h->pending; w = next) {
     next = w->next;
     waiter_cancel(w, SBX_CANCEL_INTERRUPT);
@@ -385,13 +414,24 @@ int
 sbx_drive(struct sbx_host *h, const int *flag)
 {
   for (;;) {
+    sbx_host_poll_signals(h);
     run_ready(h);
     if (flag && *flag)
       return 0;
     if (h->interrupt_pending) {
-      deliver_interrupt(h);
+      int taken = h->interrupt_cancelled;
+      if (taken)
+        h->interrupt_pending = h->interrupt_cancelled = 0;
+      else
+        deliver_interrupt(h);
+      undelivered = 0;
       run_ready(h);
-      return flag ? -1 : 0;
+      /* A signal was delivered when it was taken (sbx_host_poll_signals)
+      ** to every wait pending then, this one among them if it was: a wait
+      ** begun after that (the cleanup the signal started) goes on. */
+      if (!taken || !flag)
+        return flag ? -1 : 0;
+      continue;
     }
     if (!flag && h->tasks_alive == 0 && h->detached == 0)
       return 0;
@@ -778,20 +818,115 @@ core_exit(lua_State *L)
   return 0;
 }
 
+/*
+** SIGINT and SIGTERM: an own handler rather than uv_signal, whose callback
+** runs only when the loop runs, so Lua code that never waits never saw
+** one. The handler only counts and pokes the loop (uv_async_send is
+** async-signal-safe); the count hook (deadline.c) and the loop take the
+** count (sbx_host_poll_signals). The third signal leaves at once.
+*/
+
 static void
-signal_cb(uv_signal_t *s, int signum)
+on_signal(int signum)
 {
-  struct sbx_host *h = s->data;
-  h->signals++;
-  h->last_signal = signum;
-  h->interrupt_pending = 1;
-  if (h->signals >= 3) {
+  int saved = errno;
+  sig_count = sig_count + 1;
+  sig_last = signum;
+  if (sig_count >= 3) {
     /* The user insists: cleanup is not coming back. */
     static const char msg[] = "sbx: third signal, exiting without cleanup\n";
     if (write(2, msg, sizeof msg - 1) < 0) {
     }
     _exit(128 + signum);
   }
+  if (sig_async)
+    uv_async_send(sig_async);
+  sbx_deadline_signal_hook(sig_main);
+  errno = saved;
+}
+
+int
+sbx_host_attention(void)
+{
+  return undelivered || sig_count != sig_taken;
+}
+
+int
+sbx_host_poll_signals(struct sbx_host *h)
+{
+  int n = sig_count;
+  if (n == sig_taken)
+    return 0;
+  h->signals += n - sig_taken;
+  sig_taken = n;
+  h->last_signal = sig_last;
+  h->signal_at = sbx_now();
+  /* Every wait pending now ends at once, before any Lua code runs on
+  ** (code that did not wait, stopped by the count hook, may clean up with
+  ** new waits); the driver still sees the interrupt. */
+  deliver_interrupt(h);
+  h->interrupt_pending = h->interrupt_cancelled = 1;
+  undelivered = 1;
+  sbx_deadline_signal(h);
+  uv_stop(&h->loop);
+  return 1;
+}
+
+static void
+sig_async_cb(uv_async_t *a)
+{
+  sbx_host_poll_signals(a->data);
+}
+
+static void
+signals_start(struct sbx_host *h)
+{
+  uv_async_init(&h->loop, &h->sig_async, sig_async_cb);
+  h->sig_async.data = h;
+  uv_unref((uv_handle_t *)&h->sig_async);
+}
+
+/*
+** core.handle_signals() -> true | false: SIGINT and SIGTERM from now on
+** interrupt this host (above) instead of ending the process. Only when the
+** program asks (the sbx command does, first thing): loading the module
+** into an embedding program leaves its signal dispositions alone. False
+** when another host of this process has them already. Undone when the
+** host closes.
+*/
+static int
+core_handle_signals(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  struct sigaction sa;
+  if (sig_async) {
+    lua_pushboolean(L, sig_async == &h->sig_async);
+    return 1;
+  }
+  sig_async = &h->sig_async;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  sig_main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static void
+signals_stop(struct sbx_host *h)
+{
+  if (sig_async == &h->sig_async) {
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    sig_async = NULL;
+    sig_main = NULL;
+  }
+  uv_close((uv_handle_t *)&h->sig_async, NULL);
 }
 
 void **
@@ -846,9 +981,9 @@ host_teardown(struct sbx_host *h)
     w->task = NULL;
     waiter_cancel(w, SBX_CANCEL_CLOSE);
   }
+  sbx_deadline_close_all(h);
   run_hooks(h, SBX_CLOSE_ABORT);
-  uv_close((uv_handle_t *)&h->sig_int, NULL);
-  uv_close((uv_handle_t *)&h->sig_term, NULL);
+  signals_stop(h);
   /* Modules that close through the running loop (lws frees itself only on
   ** a second destroy once the loop ran dry) do it in two phases. A wake
   ** above leaves a uv_stop pending that ends the first run at once: run
@@ -882,8 +1017,12 @@ static const luaL_Reg core_funcs[] = {
   { "path_type", core_path_type },
   { "drain", core_drain },
   { "signals", core_signals },
+  { "handle_signals", core_handle_signals },
+  { "xpcall", sbx_core_xpcall },
   { "interrupt", core_interrupt },
   { "exit", core_exit },
+  { "deadline", sbx_core_deadline },
+  { "scheduler", sbx_core_scheduler },
   { NULL, NULL }
 };
 
@@ -957,13 +1096,7 @@ host_create(lua_State *L)
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &THREADS_KEY);
-  uv_signal_init(&h->loop, &h->sig_int);
-  uv_signal_init(&h->loop, &h->sig_term);
-  h->sig_int.data = h->sig_term.data = h;
-  uv_signal_start(&h->sig_int, signal_cb, SIGINT);
-  uv_signal_start(&h->sig_term, signal_cb, SIGTERM);
-  uv_unref((uv_handle_t *)&h->sig_int);
-  uv_unref((uv_handle_t *)&h->sig_term);
+  signals_start(h);
   return h;
 }
 
@@ -978,11 +1111,13 @@ sbx_open_host(lua_State *L)
   host_create(L);
   create_meta(L, TASK_MT, task_meta, task_methods);
   create_meta(L, EVENT_MT, event_meta, event_methods);
+  sbx_deadline_open(L);
   luaL_newmetatable(L, OP_MT);
   lua_pushcfunction(L, op_gc);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newlib(L, core_funcs);
+  sbx_pattern_open(L);
   /* The platform's numbers, for code that tells a closed pipe from other
   ** failures (file:write's third result is an errno). */
   lua_pushinteger(L, EPIPE);

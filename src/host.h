@@ -31,10 +31,12 @@ struct sbx_waiter {
   sbx_cancel_fn detach;    /* unregisters from its source on every wake */
   void *source;            /* what it waits on (an event, a stream, ...) */
   uv_timer_t *timer;       /* optional deadline */
+  lua_State *thread;       /* the thread that awaits it (sbx_await) */
   struct sbx_waiter *prev, *next; /* in the host's list of pending waits */
 };
 
-enum { SBX_CANCEL_INTERRUPT = 1, SBX_CANCEL_TASK = 2, SBX_CANCEL_CLOSE = 3 };
+enum { SBX_CANCEL_INTERRUPT = 1, SBX_CANCEL_TASK = 2, SBX_CANCEL_CLOSE = 3, SBX_CANCEL_DEADLINE = 4 };
+enum { SBX_DEADLINE_ARMED = 0, SBX_DEADLINE_TIMEOUT = 1, SBX_DEADLINE_SIGNAL = 2 };
 
 #define SBX_HOST_SLOTS 8
 #define SBX_HOST_HOOKS 8
@@ -49,10 +51,15 @@ struct sbx_host {
   struct sbx_waiter pending;      /* list head of every pending wait */
   int tasks_alive;
   int detached;                   /* operations nobody waits for (cleanup) */
-  uv_signal_t sig_int, sig_term;
+  uv_async_t sig_async;           /* poked by the SIGINT/SIGTERM handler */
+  int sig_taken;                  /* the handler's count already taken */
+  double signal_at;               /* when the last signal was taken */
+  double slice;                   /* core.scheduler{ slice }: 0 for none */
+  struct sbx_deadline *deadlines; /* armed core.deadline frames (deadline.c) */
   int signals;                    /* how many SIGINT/SIGTERM arrived */
   int interrupts;                 /* core.interrupt calls (a signal's effect without one) */
   int interrupt_pending;          /* an interrupt not yet delivered */
+  int interrupt_cancelled;        /* ... whose waits were already cancelled */
   int last_signal;
   /* What modules keep on the host, which knows none of them: state by
   ** their own key (sbx_host_slot), and what to do when it closes. */
@@ -118,8 +125,46 @@ void sbx_read_resumed(lua_State *L);
 ** Returns 0, or -1 on an interrupt, or -2 when nothing could ever set *flag. */
 int sbx_drive(struct sbx_host *h, const int *flag);
 
-/* Raises the error for a cancelled wait ("interrupted"). */
+/* Raises the error for a cancelled wait ("interrupted", "cancelled",
+** "deadline exceeded"). */
 int sbx_raise_cancelled(lua_State *L);
+
+/* Cancels a pending wait (why: SBX_CANCEL_*), waking its task. */
+void sbx_waiter_cancel(struct sbx_waiter *w, int why);
+
+/* The host of L, or NULL when none was made (never raises). */
+struct sbx_host *sbx_host_peek(lua_State *L);
+
+/* Takes the signals the handler counted since the last call: counted,
+** interrupt pending, every deadline frame ended. 1 when there were any. */
+int sbx_host_poll_signals(struct sbx_host *h);
+
+/* Nonzero while the count hook has something to look at: a signal not
+** taken yet, or one taken but not yet delivered to the waits. */
+int sbx_host_attention(void);
+
+/* deadline.c: core.deadline and core.scheduler, the count hook. */
+int sbx_core_deadline(lua_State *L);
+int sbx_core_scheduler(lua_State *L);
+int sbx_core_xpcall(lua_State *L);
+/* Raises in L when a deadline frame of L has ended (one past its time ends
+** now) or a signal is to be taken: what the count hook does, for C code
+** that runs long (pattern.c). */
+void sbx_deadline_check(lua_State *L);
+/* pattern.c: sets core.pattern (find, match, gmatch, gsub under deadlines)
+** in the table on top of the stack. */
+void sbx_pattern_open(lua_State *L);
+void sbx_deadline_open(lua_State *L);
+/* From the signal handler: the count hook on the main thread (lua_sethook
+** is async-signal-safe), so code that never waits sees the signal. */
+void sbx_deadline_signal_hook(lua_State *main);
+/* SBX_DEADLINE_TIMEOUT or _SIGNAL when a frame of thread L has ended (one
+** past its time ends now), else 0. */
+int sbx_deadline_state(lua_State *L);
+/* A signal: every frame ends. */
+void sbx_deadline_signal(struct sbx_host *h);
+/* The host closes: every frame's timer stops. */
+void sbx_deadline_close_all(struct sbx_host *h);
 
 #include "fail.h"   /* sbx_pushfail: nil, message, code */
 int sbx_open_host(lua_State *L);

@@ -294,7 +294,7 @@ do
   while not read(rcfile) and sbx.now() < deadline do sbx.sleep(0.1) end
   local rc = tonumber((read(rcfile) or ""):match("%d+"))
   tap.ok(rc and rc ~= 0, "interrupted eval exits non-zero", rc)
-  tap.is(rc, 1, "with status 1")
+  tap.is(rc, 130, "with status 130 (128 + SIGINT)")
   local l = lines_of(out)
   tap.is(#l, 1, "the finished result is kept, nothing else written")
   tap.like(l[1] or "", '"id":"quick"', "it is quick's")

@@ -251,6 +251,35 @@ do
   end)
 end
 
+-- 5b. Hooks that never return end at their deadline (policy.hooks.timeout,
+-- and the command's own timeout for before_exec); the command never runs.
+do
+  reset()
+  sbx.use_policy { hooks = { timeout = 0.3, before_exec = function(_, req)
+    if req.command == "spin" then while true do pcall(function() while true do end end) end end
+    if req.command == "wait" then sbx.sleep(3600) end
+  end } }
+  local box = fake_box(outputs)
+  local before = #fake.started
+  for _, c in ipairs { "spin", "wait" } do
+    local r, err, code = box:exec(c)
+    tap.ok(r == nil and code == "hook_timeout", "a before_exec that never returns (" .. c .. "): hook_timeout", err)
+    tap.like(err or "", "hooks.before_exec did not return", "the message names the hook")
+  end
+  tap.is(#fake.started, before, "and neither command reached the backend")
+  sbx.use_policy { hooks = { timeout = 3600 } }
+  local r, err, code = box:exec("spin", { timeout = 0.3 })
+  tap.ok(r == nil and code == "hook_timeout", "before_exec runs within the command's own timeout", err)
+  tap.ok(box:exec("quiet"), "the box goes on running commands")
+  box:close()
+  reset()
+  sbx.use_policy { hooks = { timeout = 0.3, after_exec = function() while true do end end } }
+  box = fake_box(outputs)
+  r, err, code = box:exec("quiet")
+  tap.ok(r == nil and code == "hook_timeout", "an after_exec that never returns: hook_timeout", err)
+  box:close()
+end
+
 -- 6. Budgets ---------------------------------------------------------------------------------
 do
   reset()

@@ -45,6 +45,7 @@ end
 
 local transports = require "sbx.transports"
 local session_shell = require "sbx.session_shell"
+local run_hook   -- below: a policy hook under its deadline
 
 -- "auto" (the default backend): docker when a daemon is named (the
 -- docker_host option or policy, DOCKER_HOST: asking for a daemon is asking
@@ -538,6 +539,16 @@ local function too_long(req, pol)
   end
 end
 
+-- Runs a policy hook under its deadline (sbx.deadline): true, results...,
+-- or false, message, "hook_timeout" when it did not return in limit
+-- seconds. Its errors and an interrupt go on up as they are.
+run_hook = function(pol, which, limit, hook, ...)
+  local r = table.pack(core.deadline(limit, hook, ...))
+  if r[1] then return table.unpack(r, 1, r.n) end
+  if r[3] == "timeout" then return false, pol.format_hook_timeout(which, limit), "hook_timeout" end
+  error(r[2], 0)
+end
+
 -- Admission of a user command: budgets, then policy.hooks.before_exec.
 -- Returns the request to run, or nil, message, code. A refused command
 -- counts against no budget; an admitted one counts as a command at once.
@@ -548,11 +559,26 @@ local function admit(self, pol, req)
   watch_budget(self, pol)
   local hook = pol.hooks and pol.hooks.before_exec
   if hook then
-    local verdict, message = hook(self, req, pol)
+    -- Within the command's deadline: the hook's time is the command's.
+    local limit = math.min(pol.hooks.timeout, req.timeout or math.huge)
+    local t0 = core.now()
+    local ok, verdict, message = run_hook(pol, "before_exec", limit, hook, self, req, pol)
+    if not ok then return nil, verdict, message end
+    local spent = core.now() - t0
     if verdict == false then
       return nil, message ~= nil and tostring(message) or pol.denied_message, "denied"
     elseif verdict ~= nil and verdict ~= true then
       req = take_changed(self, pol, req, verdict)
+    end
+    if req.timeout then
+      -- The hook's time is taken from the command's (in a copy: the hook
+      -- may keep the req it saw).
+      local left = req.timeout - spent
+      if left <= 0 then return nil, pol.format_hook_timeout("before_exec", limit), "hook_timeout" end
+      local r = {}
+      for k, v in pairs(req) do r[k] = v end
+      r.timeout = left
+      req = r
     end
   end
   local long = too_long(req, pol)
@@ -577,7 +603,8 @@ end
 local function after_exec(self, pol, req, result)
   local hook = pol.hooks and pol.hooks.after_exec
   if not hook then return result end
-  local replaced = hook(self, req, result, pol)
+  local ok, replaced, msg = run_hook(pol, "after_exec", pol.hooks.timeout, hook, self, req, result, pol)
+  if not ok then return nil, replaced, msg end
   if replaced ~= nil then
     if type(replaced) ~= "table" then error("hooks.after_exec must return nothing or a result table", 0) end
     return replaced

@@ -49,8 +49,8 @@ commands:
                          (default policy.pool.size; 0: none); --check-box:
                          where checks of tasks that say nothing run
                          (default policy.grade.check_box). Exit 0 when
-                         every task ran, 1 on errors or interrupt, 2 on usage
-                         errors
+                         every task ran, 1 on errors, 2 on usage errors,
+                         128 + N after signal N (130 SIGINT, 143 SIGTERM)
 
 options:
   --policy FILE|NAME     a policy overlay: a Lua file returning a table, or a
@@ -353,7 +353,13 @@ function commands.eval(args)
     err("eval: ", file, " is a directory; give a task file (TASKS.jsonl or TASKS.lua)")
     return 2
   end
-  local tasks, terr = harness.load_tasks(file)
+  local lok, tasks, terr = pcall(harness.load_tasks, file)
+  if not lok then
+    -- Only an interrupt while the task file loads raises here.
+    local _, last = sbx.core.signals()
+    err("eval: ", tostring(tasks))
+    return last > 0 and 128 + last or 1
+  end
   if not tasks then err("eval: ", terr) return 2 end
   opts.tasks = tasks
   local ok, summary = pcall(harness.run, opts)
@@ -368,12 +374,20 @@ function commands.eval(args)
     local rok, rerr = harness.write_report(report, summary.all, { title = "sbx eval: " .. file })
     if not rok then err("eval: cannot write the report: ", rerr) return 1 end
   end
-  if summary.interrupted then err("interrupted; boxes removed, finished results kept") return 1 end
+  if summary.interrupted then
+    err("interrupted; boxes removed, finished results kept")
+    local _, last = sbx.core.signals()
+    return last > 0 and 128 + last or 1
+  end
   if summary.errors > 0 then return 1 end
   return 0
 end
 
 function M.main(argv)
+  -- The sbx command takes SIGINT and SIGTERM (an embedding program that
+  -- only loads the module keeps its own): they stop Lua code where it
+  -- runs and close the boxes (core.handle_signals).
+  sbx.core.handle_signals()
   local args = { table.unpack(argv) }
   local policy = os.getenv("SBX_POLICY")
   while args[1] and args[1]:sub(1, 1) == "-" do

@@ -115,37 +115,42 @@ local function validate(t, i, seen, json)
   return t
 end
 
--- The globals of a Lua task file: pure functions and nothing that reaches
--- the host.
-local SAFE_GLOBALS = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber",
-  "tostring", "type", "xpcall", "rawequal", "rawlen", "setmetatable", "getmetatable" }
-local SAFE_LIBS = { "string", "table", "math", "utf8" }
-
-function M.task_env()
-  local env = {}
-  for _, n in ipairs(SAFE_GLOBALS) do env[n] = _G[n] end
-  for _, n in ipairs(SAFE_LIBS) do
-    local t = {}
-    for k, v in pairs(_G[n]) do t[k] = v end
-    env[n] = t
-  end
-  env.string.dump = nil
-  env._G = env
-  return env
-end
+-- The environment of a Lua task file: pure functions, nothing that reaches
+-- the host, no metatable shared with sbx (sbx.taskenv).
+local taskenv = require "sbx.taskenv"
+M.task_env = taskenv.new
 
 -- What a task's phase function gets: the box's methods and counters, not
 -- the box (whose backend and handle reach the daemon).
 local VIEW_METHODS = { "exec", "spawn", "processes", "output", "kill", "wait", "write_file", "read_file", "tools" }
+
+-- A copy of v with no table shared with sbx (and no metatable): the
+-- counters a task could otherwise reset (usage), the policy's tool schemas.
+local function plain(v, depth)
+  if type(v) ~= "table" or (depth or 0) > 32 then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = plain(x, (depth or 0) + 1) end
+  return out
+end
 
 local function box_view(box)
   local view = {}
   for _, m in ipairs(VIEW_METHODS) do
     view[m] = function(_, ...) return box[m](box, ...) end
   end
+  -- The tools without the list's box field (the box itself) and with
+  -- schemas of their own.
+  view.tools = function()
+    local out = {}
+    for i, t in ipairs(box:tools()) do
+      out[i] = { name = t.name, description = t.description, schema = plain(t.schema), order = plain(t.order), run = t.run }
+    end
+    return out
+  end
   return setmetatable(view, {
     __index = function(_, k)
-      if k == "id" or k == "usage" or k == "limits" then return box[k] end
+      if k == "id" then return box.id end
+      if k == "usage" or k == "limits" then return plain(box[k]) end
     end,
     __newindex = function() error("a task's box view is read-only", 2) end,
     __metatable = false,
@@ -161,11 +166,24 @@ function M.load_tasks(path)
     -- A task file may come from a stranger: its chunk runs with pure
     -- functions only (no io, os, require, load, debug), and its phase
     -- functions get a box view with the box's methods, nothing behind them.
-    local chunk, err = loadfile(path, "t", M.task_env())
+    -- Its chunk runs under policy.harness.load_timeout, and what it
+    -- returns is copied into plain data there (no metamethod of the file's
+    -- runs later outside a deadline).
+    local chunk, err = loadfile(path, "t", taskenv.new())
     if not chunk then return nil, err end
-    local ok, tasks = pcall(chunk)
-    if not ok then return nil, path .. ": " .. tostring(tasks) end
-    if type(tasks) ~= "table" then return nil, path .. ": must return a list of tasks" end
+    local limit = lib().policy.harness.load_timeout
+    local ok, tasks, code = lib().deadline(limit, function()
+      local list = chunk()
+      if type(list) ~= "table" then error("must return a list of tasks", 0) end
+      return taskenv.copy(list, "tasks")
+    end)
+    if not ok then
+      if code == "interrupted" then error(tasks, 0) end
+      if code == "timeout" then
+        return nil, string.format("%s: did not load within %g s (policy harness.load_timeout)", path, limit)
+      end
+      return nil, path .. ": " .. tostring(tasks)
+    end
     return tasks
   end
   local f, err = io.open(path, "rb")
@@ -253,9 +271,23 @@ local REFUSED = { denied = true, budget_exceeded = true, disk_exceeded = true }
 local function run_command(sbx, box, task, cmd, phase)
   local pol = box:policy()
   if type(cmd) == "function" then
+    -- Under the task's timeout (sbx.deadline): a loop or a wait that never
+    -- ends times the phase out. The function gets a copy of its task, and
+    -- what it returns is copied into plain data before sbx reads it.
+    local limit = task.timeout or pol.exec.timeout
+    if pol.exec.max_timeout and limit > pol.exec.max_timeout then limit = pol.exec.max_timeout end
     local t0 = sbx.now()
-    local v = cmd(box_view(box), task)
+    local done, v, code = sbx.deadline(limit, function()
+      local out = cmd(box_view(box), taskenv.copy(task, "task"))
+      local tv = type(out)
+      if tv == "userdata" or tv == "thread" or tv == "function" then return true end
+      return taskenv.copy(out, "the returned value")
+    end)
     local dt = sbx.now() - t0
+    if not done then
+      if code == "timeout" then return ordered({ duration = dt, timed_out = true }, PHASE_KEYS), false end
+      error(v, 0)
+    end
     if type(v) == "table" and (v.exit_code ~= nil or v.timed_out ~= nil) and v.duration then
       local p = summarize(sbx, v, pol)
       p.duration = dt
@@ -280,13 +312,28 @@ end
 -- names from policy.harness.task_box_options, numbers that only lower the
 -- effective value, a network of "none" only (always allowed, as is a
 -- read-only root). Returns nil or a message.
-local NEVER_FROM_TASK = { policy = true, host_config = true, docker_host = true, labels = true,
-  backend = true, transport = true }
+local NEVER_FROM_TASK = { policy = true, labels = true, backend = true, transport = true }
+
+-- The name (policy.harness.task_host_access) of a task's box option that
+-- reaches the host, or nil.
+local PATH_IMAGES = { oci = true, ["docker-archive"] = true, ["oci-archive"] = true }
+local function host_access(k, v)
+  if k == "docker_host" or k == "host_config" or k == "layers" then return k end
+  if k == "network" and v == "host" then return "network:host" end
+  if k == "image" and type(v) == "string" then
+    if v == "host" then return "image:host" end
+    local transport = v:match("^([%w%-]+):")
+    if transport == "rootfs" then return "image:rootfs" end
+    if PATH_IMAGES[transport] then return "image:path" end
+  end
+end
 local LOWER_ONLY = { memory = true, cpus = true, pids = true, disk = true, lifetime = true }
 
 local function task_box_error(pol, base, task_box)
   local allowed = {}
   for _, n in ipairs(pol.harness.task_box_options or {}) do allowed[n] = true end
+  local host_ok = {}
+  for _, n in ipairs(pol.harness.task_host_access or {}) do host_ok[n] = true end
   local keys = {}
   for k in pairs(task_box) do keys[#keys + 1] = tostring(k) end
   table.sort(keys)
@@ -295,6 +342,12 @@ local function task_box_error(pol, base, task_box)
     if NEVER_FROM_TASK[k] then
       return string.format("the task's box sets '%s', which a task file may never set", k)
     end
+    local access = host_access(k, v)
+    if access and not host_ok[access] then
+      return string.format("the task's box sets '%s' to reach the host (%s), which a task file may do only when the harness's policy allows it by name (policy.harness.task_host_access)",
+        k, access)
+    end
+    if access then goto next_option end
     -- Tightening is always allowed: no network, a read-only root.
     local tightens = (k == "network" and v == "none") or (k == "read_only" and v == true)
     if not allowed[k] and not tightens then
@@ -314,6 +367,7 @@ local function task_box_error(pol, base, task_box)
     elseif k == "read_only" and v ~= true and base.read_only == true then
       return "the task's box option 'read_only' may not turn a read-only root writable"
     end
+    ::next_option::
   end
 end
 

@@ -105,8 +105,18 @@ function sbx.use_policy(p)
   if not ok then error(msg, 0) end
   merge(sbx.policy, overlay)
   sbx.policy_generation = sbx.policy_generation + 1
+  core.scheduler(sbx.policy.scheduler)
   return sbx.policy
 end
+
+core.scheduler(sbx.policy.scheduler)
+
+-- sbx.deadline(seconds, fn, ...) -> true, results... | false, message, code.
+-- Runs fn(...) for at most seconds, waits included: code "timeout" when it
+-- ran out (a loop that never waits is stopped by the instruction-count
+-- hook; a pcall inside fn cannot keep it going), "interrupted" on SIGINT or
+-- SIGTERM, "error" when fn raised. docs/lua-deadlines.md.
+sbx.deadline = core.deadline
 
 -- Tasks ---------------------------------------------------------------------
 

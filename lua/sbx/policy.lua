@@ -337,9 +337,37 @@ policy.harness = {
   -- Box options a task file may set. Task files are data, often a
   -- stranger's: numbers from a task may only lower the policy's values and
   -- its network may only be "none"; anything outside this list makes the
-  -- task an error naming the option. policy, host_config, docker_host,
-  -- labels, backend and transport are never taken from a task file.
+  -- task an error naming the option. policy, labels, backend and
+  -- transport are never taken from a task file; what reaches the host
+  -- only as task_host_access allows.
   task_box_options = { "image", "workdir", "env", "memory", "cpus", "pids", "disk", "read_only", "lifetime" },
+  -- What a task file may reach of the host, by name; nothing by default.
+  -- A task whose box reaches the host otherwise is an error naming the
+  -- option and this knob. The names:
+  --   "image:host"    image = "host" (the host's root, local backend)
+  --   "image:rootfs"  image = "rootfs:DIR" (a host directory as the root)
+  --   "image:path"    image = "oci:DIR", "docker-archive:PATH" or
+  --                   "oci-archive:PATH" (a host file or directory read)
+  --   "network:host"  network = "host" (the host's network namespace)
+  --   "docker_host"   another daemon; "host_config" Docker's raw HostConfig
+  --                   (binds, host namespaces, devices); "layers" host
+  --                   directories as the image's layers (local backend)
+  -- A name listed here lets the task set that value whatever
+  -- task_box_options says.
+  task_host_access = {},
+  -- Seconds a Lua task file's chunk may run while it loads (its functions
+  -- run under their task's timeout: the task's, else exec.timeout).
+  load_timeout = 10,
+}
+
+-- The scheduler: Lua code on one loop. After SIGINT or SIGTERM, Lua code
+-- of the main thread (a script's chunk) that runs this many seconds without reaching a wait (where the signal is
+-- delivered) gets "interrupted (signal N)" where it is, so a loop that
+-- never waits does not keep sbx from closing its boxes; false: only at the
+-- next wait. Code under a deadline (sbx.deadline: task functions, hooks)
+-- stops at the signal at once.
+policy.scheduler = {
+  slice = 1,
 }
 
 -- Progress of long steps (sbx.progress): an image's export from a daemon,
@@ -453,10 +481,20 @@ policy.trace = {
 -- policy.hooks.after_exec(box, req, result, pol) sees every result (for a
 -- background process: its process view when it ends) and returns nothing to
 -- keep it or a table to replace it (ignored for background processes).
+-- Each hook runs under a deadline (sbx.deadline) of timeout seconds, and
+-- before_exec also within the command's own timeout, which its time is
+-- taken from: a hook that never returns (a loop, a wait) ends there and
+-- the command returns nil, message, "hook_timeout" without running.
 policy.hooks = {
   before_exec = nil,
   after_exec = nil,
+  timeout = 10,
 }
+
+-- The message of a command whose hook did not return in time.
+function policy.format_hook_timeout(which, seconds)
+  return string.format("hooks.%s did not return within %g s (policy hooks.timeout, and the command's timeout)", which, seconds)
+end
 
 -- Per-box budgets (nil: unlimited). A refused command counts against none.
 --   commands: user commands started; seconds: their wall time summed,

@@ -173,6 +173,11 @@ local RULES = {
     if v >= 1 then return "must be below 1 (a part of the lifetime)" end
   end },
   ["harness.task_box_options"] = list(str()),
+  ["harness.task_host_access"] = list(str { enum = { "image:host", "image:rootfs", "image:path", "network:host",
+    "docker_host", "host_config", "layers" } }),
+  ["harness.load_timeout"] = POS,
+  ["hooks.timeout"] = POS,
+  ["scheduler.slice"] = rule({ "number", "false" }, { gt = 0 }),
   ["grade.check_box"] = rule({ "string" }, { check = function(v)
     if v ~= "fresh" and v ~= "same" then return 'must be "fresh" or "same"' end
   end }),
