@@ -1,3 +1,4 @@
+-- needs: nothing
 -- sbx.deadline (docs/lua-deadlines.md), tried the way a hostile task
 -- function would: loops that never wait, pcall around the loop, a pcall in a
 -- tail call, xpcall with a looping handler, waits that never end, nested

@@ -1,3 +1,4 @@
+-- needs: docker
 -- A stranger's Lua task file against sbx eval's time limits and its
 -- environment: a run function that loops forever (also inside xpcall's
 -- handler, where hooks are off, or in a pattern that backtracks for hours,
