@@ -173,7 +173,7 @@ end
 -- The default texts stay what they were.
 do
   local pol = require("sbx.policy")
-  tap.is(type(pol.mcp.instructions) == "function" and pol.mcp.instructions(pol) or pol.mcp.instructions,
+  tap.is(type(pol.mcp.instructions) == "function" and pol.mcp.instructions(pol, "docker") or pol.mcp.instructions,
     "Tools run commands in an isolated sandbox (docker).", "default instructions")
   tap.is(pol.mcp.format_progress { elapsed = 3.2, bytes = 10, last_line = "x", count = 1 },
     "running for 3s; 10 bytes of output; last line: x", "default progress text")
