@@ -20,7 +20,7 @@
 -- plugin enforces it (box.limits.network says so).
 local M = {}
 
-local config = require "sbx.config"
+local sbx_config = require "sbx.config"
 local core = require "sbx.core"
 local json = core.json
 local http = require "sbx.http"
@@ -29,7 +29,7 @@ local config = require "sbx.kubernetes.config"
 local client_mod = require "sbx.kubernetes.client"
 local start_check = require "sbx.transports.start_check"
 
-local function pol_k() return config.policy.kubernetes end
+local function pol_k() return sbx_config.policy.kubernetes end
 
 -- Box options only this backend takes: every policy.kubernetes knob.
 function M.options(check) return check.section_rules("kubernetes") end
@@ -652,7 +652,7 @@ function M.create(spec, pol)
   if w and not w.result then leave_watch(c, w) end
   if not ok or not res then
     -- Interrupted, cancelled or failed: nothing of the box stays.
-    pcall(M.destroy, h, false, core.now() + (config.policy.box.destroy_timeout or 10))
+    pcall(M.destroy, h, false, core.now() + (sbx_config.policy.box.destroy_timeout or 10))
     if not ok then error(res, 0) end
     return nil, rerr, rcode
   end
@@ -766,7 +766,7 @@ local function pump(h, job, ex, sink, req)
     return
   end
   if check.failed then
-    job.error = start_check.message(check.failed, req, config.policy)
+    job.error = start_check.message(check.failed, req, sbx_config.policy)
     sink:finish("exec_failed", job.error)
     return
   end
