@@ -324,7 +324,19 @@ for _, m in ipairs(sorted_keys(DYNAMIC)) do
   tap.ok(computed_in[m] or not modules[m], "DYNAMIC entry " .. m .. " still requires a computed name")
 end
 
--- 5. The lexer itself: what counts, what does not.
+-- 5. The facade is for programs: inside lua/sbx only what stands above it
+-- (the CLI and the MCP server it runs) requires "sbx"; the rest reads the
+-- live policy from sbx.config.
+do
+  local ABOVE = { ["sbx.cli"] = true, ["sbx.mcp"] = true }
+  local users = {}
+  for _, m in ipairs(names) do
+    if edges[m] and edges[m]["sbx"] and not ABOVE[m] then users[#users + 1] = m end
+  end
+  tap.is(table.concat(users, " "), "", "no module below the facade requires sbx")
+end
+
+-- 6. The lexer itself: what counts, what does not.
 do
   local found = requires([==[
 local a = require "sbx.a"            -- require "sbx.in_comment"
