@@ -174,10 +174,10 @@ end
 -- The default texts stay what they were.
 do
   local pol = require("sbx.policy")
-  tap.is(type(pol.mcp.instructions) == "function" and pol.mcp.instructions(pol) or pol.mcp.instructions,
-    "Tools run commands in an isolated sandbox (" .. require("sbx.box").backend_name(pol.box.backend, nil, pol) .. ").",
-    "default instructions (the backend auto picks with the default policy)")
   local picked = require("sbx.box").backend_name(pol.box.backend, nil, pol)
+  tap.is(type(pol.mcp.instructions) == "function" and pol.mcp.instructions(pol, picked) or pol.mcp.instructions,
+    "Tools run commands in an isolated sandbox (" .. tostring(picked) .. ").",
+    "default instructions (the backend auto picks with the default policy)")
   tap.ok(picked == "docker" or picked == "local", "auto names docker or local (" .. tostring(picked) .. ")")
   tap.is(pol.mcp.format_progress { elapsed = 3.2, bytes = 10, last_line = "x", count = 1 },
     "running for 3s; 10 bytes of output; last line: x", "default progress text")

@@ -23,8 +23,13 @@
 -- overlay merged over the live policy. Every hook gets it as its last
 -- argument.
 local M = {}
-local sbx, core
+local core = require "sbx.core"
+local config = require "sbx.config"
+local util = require "sbx.util"
+local tasks_mod = require "sbx.tasks"
+local policy_check = require "sbx.policy_check"
 local limits_mod = require "sbx.limits"
+local job_mod = require "sbx.job"
 
 local Box = {}
 Box.__index = Box
@@ -33,15 +38,10 @@ M.Box = Box              -- sbx.trace wraps its methods while a trace records
 local open = {}          -- id -> { backend, handle }: what shutdown must remove
 M.open_boxes = open
 
-function M.init(s)
-  sbx, core = s, s.core
-  local seed = io.open("/dev/urandom", "rb")
-  if seed then
-    local b = seed:read(8)
-    seed:close()
-    math.randomseed(string.unpack("<i8", b))
-  end
-end
+-- init(sbx): the facade calls it once. Nothing is left to wire: this
+-- module reads the live policy from sbx.config, never the facade, and
+-- sbx.job seeds math.random when it loads.
+function M.init() end
 
 local transports = require "sbx.transports"
 local session_shell = require "sbx.session_shell"
@@ -62,7 +62,7 @@ local run_hook   -- below: a policy hook under its deadline
 local daemon_answers
 function M.backend_name(name, opts, pol)
   if name ~= "auto" then return name end
-  pol = pol or sbx.policy
+  pol = pol or config.policy
   local env = os.getenv("DOCKER_HOST")
   if (opts and opts.docker_host) or pol.box.docker_host or (env and env ~= "") then return "docker" end
   local image = opts and opts.image or pol.box.image
@@ -76,7 +76,7 @@ function M.backend_name(name, opts, pol)
       for k, v in pairs(pol.box) do spec[k] = v end
       for k, v in pairs(opts or {}) do spec[k] = v end
       -- (and takes every option given: Docker's host_config it does not)
-      local holds = opts == nil or sbx.policy_check.box_options(opts, lb) == true
+      local holds = opts == nil or policy_check.box_options(opts, lb) == true
       for k, l in pairs(holds and lb.limits(spec, pol) or {}) do
         if l.enforced == false and spec[k] ~= nil and spec[k] ~= false then holds = false end
       end
@@ -97,15 +97,13 @@ local function backend_module(name)
   return mod
 end
 
-local function random_id()
-  return string.format("%016x", math.random(0))
-end
+local random_id = job_mod.random_id
 M.random_id = random_id
 
 -- The policy of a box made with an overlay: merged again whenever the live
 -- policy changed (sbx.use_policy bumps sbx.policy_generation).
 local function merged_policy(overlay)
-  return sbx.merge_policy(sbx.deep_copy(sbx.policy), overlay)
+  return util.merge(util.deep_copy(config.policy), overlay)
 end
 
 -- sbx.box(opts) -> box | nil, message, code. Unknown options and options of
@@ -113,22 +111,22 @@ end
 function M.new(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sbx.box expects a table of options", 2) end
-  local overlay, pol = nil, sbx.policy
+  local overlay, pol = nil, config.policy
   if opts.policy ~= nil then
-    overlay = sbx.load_policy(opts.policy)
+    overlay = config.load(opts.policy)
     pol = merged_policy(overlay)
-    local ok, msg = sbx.policy_check.policy(pol)
+    local ok, msg = policy_check.policy(pol)
     if not ok then error(msg, 2) end
   end
   local backend_name = M.backend_name(opts.backend or pol.box.backend, opts, pol)
   local backend = backend_module(backend_name)
-  local ok, msg = sbx.policy_check.box_options(opts, backend)
+  local ok, msg = policy_check.box_options(opts, backend)
   if not ok then error("sbx.box: " .. msg, 2) end
   -- sbx.trace hook: M.tracer is set while a trace records (nil otherwise).
   local tr = M.tracer
   if tr == nil and M.trace_autostart then tr = M.trace_autostart() end
   local t0 = tr and tr.begin()
-  local spec = sbx.merge_policy({}, sbx.deep_copy(pol.box))
+  local spec = util.merge({}, util.deep_copy(pol.box))
   for k, v in pairs(opts) do if k ~= "policy" then spec[k] = v end end
   spec.backend = backend_name
   -- Isolation the backend cannot enforce is refused before anything exists.
@@ -170,9 +168,9 @@ function M.new(opts)
   local boxref = setmetatable({ self }, { __mode = "v" })
   handle.policy = function()
     local b = boxref[1]
-    return b and b:policy() or sbx.policy
+    return b and b:policy() or config.policy
   end
-  if overlay then self.pol, self.pol_generation = pol, sbx.policy_generation end
+  if overlay then self.pol, self.pol_generation = pol, config.generation end
   open[self.id] = { backend = backend, handle = handle }
   -- A backend may answer at the method level (sbx.backends.replay does).
   if backend.bind then
@@ -194,9 +192,9 @@ end
 
 -- box:policy() -> the policy this box runs under now.
 function Box:policy()
-  if not self.overlay then return sbx.policy end
-  if self.pol_generation ~= sbx.policy_generation then
-    self.pol, self.pol_generation = merged_policy(self.overlay), sbx.policy_generation
+  if not self.overlay then return config.policy end
+  if self.pol_generation ~= config.generation then
+    self.pol, self.pol_generation = merged_policy(self.overlay), config.generation
   end
   return self.pol
 end
@@ -243,7 +241,7 @@ M.before_close_all = {}
 function M.close_all()
   for _, f in ipairs(M.before_close_all) do pcall(f) end
   local tasks = {}
-  local deadline = core.now() + sbx.policy.box.destroy_timeout
+  local deadline = core.now() + config.policy.box.destroy_timeout
   for id, b in pairs(open) do
     open[id] = nil
     tasks[#tasks + 1] = core.spawn(function() b.backend.destroy(b.handle, false, deadline) end)
@@ -253,21 +251,21 @@ end
 
 function M.reap(opts)
   opts = opts or {}
-  local name = opts.backend or sbx.policy.box.backend
+  local name = opts.backend or config.policy.box.backend
   if name == "auto" then
     -- Both backends auto may have used: docker where a daemon answers.
     local out = { removed = {}, kept = 0 }
     local names = { "local" }
-    if M.backend_name("auto", opts, sbx.policy) == "docker" then table.insert(names, 1, "docker") end
+    if M.backend_name("auto", opts, config.policy) == "docker" then table.insert(names, 1, "docker") end
     for _, n in ipairs(names) do
-      local r, err, code = backend_module(n).reap(opts, sbx.policy)
+      local r, err, code = backend_module(n).reap(opts, config.policy)
       if not r then return nil, err, code end
       for _, x in ipairs(r.removed or {}) do out.removed[#out.removed + 1] = x end
       out.kept = out.kept + (r.kept or 0)
     end
     return out
   end
-  return backend_module(name).reap(opts, sbx.policy)
+  return backend_module(name).reap(opts, config.policy)
 end
 
 -- Commands --------------------------------------------------------------------
@@ -329,40 +327,9 @@ local function check_path(path, level)
   if path:find("\0", 1, true) then error("path must not contain a NUL byte", level + 1) end
 end
 
--- Turns one captured stream into { head, tail, omitted, bytes }: the bytes
--- the command wrote, as they came (text for a model is made from them by
--- sbx.model_text, in the policy's formatters).
-local function capture_part(stream, name)
-  local head, tail, total, omitted = stream:captured(name)
-  return { head = head, tail = tail, omitted = omitted, bytes = total }
-end
-
-local function part_text(part, marker, pol)
-  if part.omitted == 0 then return part.head .. part.tail end
-  return part.head .. marker(part, pol) .. part.tail
-end
-
--- build_result(job, fields [, pol]) -> the result table of a finished job.
-function M.build_result(job, fields, pol)
-  pol = pol or sbx.policy
-  local s = job.stream
-  local r = fields or {}
-  r.parts = {
-    stdout = capture_part(s, "stdout"),
-    stderr = capture_part(s, "stderr"),
-    output = capture_part(s, "output"),
-  }
-  local marker = pol.omitted_marker
-  r.stdout = part_text(r.parts.stdout, marker, pol)
-  r.stderr = part_text(r.parts.stderr, marker, pol)
-  r.output = part_text(r.parts.output, marker, pol)
-  r.stdout_bytes = r.parts.stdout.bytes
-  r.stderr_bytes = r.parts.stderr.bytes
-  r.truncated = r.parts.stdout.omitted > 0 or r.parts.stderr.omitted > 0 or r.parts.output.omitted > 0
-  -- Set by a backend's finish when the OOM killer ended the command.
-  if job.oom_killed then r.oom_killed, r.memory_limit = true, job.memory_limit end
-  return r
-end
+-- build_result(job, fields [, pol]) -> the result table of a finished job
+-- (sbx.job).
+M.build_result = job_mod.build_result
 
 -- The argv for a command string or list, by policy.
 local function command_argv(self, pol, command, shell)
@@ -612,169 +579,10 @@ local function after_exec(self, pol, req, result)
   return result
 end
 
--- The in-box kill (POSIX sh: dash, bash and busybox ash; grep), for
--- transports that run each command as its own exec. A job's processes are:
---   * those whose environment carries the job's marker (SBX_JOB=<16 hex
---     digits>, so no marker is a prefix of another), setsid or not;
---   * the children of job processes (PPid), which catches `env -i`;
---   * processes whose stdout or stderr is the job's own pipe;
---   * orphans (PPid 1) with no SBX_JOB marker at all that started after the
---     job did (`env -i` plus a double fork): sbx passes how long ago the
---     job started (in 1/100 s: /proc/uptime's unit and USER_HZ), so this
---     holds even when the job's first process is gone. The box's own
---     lifetime process (PID 1, or the first child of an init) is never one.
--- A KILL first stops every job process (a stopped process cannot fork or
--- run the next step of a script), looks again until no new one appears,
--- then kills them all: no later step of a timed-out script ever runs.
--- What remains on this transport: a process that escapes before its job is
--- killed AND carries another job's marker, or a marker-less orphan that
--- started before the job (an earlier daemon) and joined it by no pipe. The
--- in-box agent's per-job subreaper closes that (see the transport issue).
--- It prints how many processes it signalled.
-local KILL_SCRIPT = [[
-sig=$1; m="SBX_JOB=$2"; age=${3:-0}; me=$$
-job=" "; refs=""; n=0
-in_job() { case "$job" in *" $1 "*) return 0;; esac; return 1; }
-stat_of() {
-  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
-  line=${line##*) }
-  set -- $line
-  ppid=$2; start=${20}
-}
-read up _ < /proc/uptime; up=${up%.*}${up#*.}
-since=$(( up - age - 50 ))
-life=1
-read -r line < /proc/1/stat
-case "$line" in
-  *"(sleep)"*) ;;
-  *) best=""
-     for p in /proc/[0-9]*; do
-       stat_of "${p#/proc/}" || continue
-       [ "$ppid" = 1 ] || continue
-       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
-     done ;;
-esac
-member() {
-  [ "$ppid" = "$me" ] && return 1
-  in_job "$ppid" && return 0
-  for r in $refs; do
-    [ -p "$1/fd/1" ] && [ "$1/fd/1" -ef "$r" ] && return 0
-    [ -p "$1/fd/2" ] && [ "$1/fd/2" -ef "$r" ] && return 0
-  done
-  grep -qs "$m" "$1/environ" && return 0
-  [ "$ppid" = 1 ] && [ "$start" -ge "$since" ] && ! grep -qs "SBX_JOB=" "$1/environ" && return 0
-  return 1
-}
-scan() {
-  new=""
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    [ "$pid" = "$me" ] || [ "$pid" = 1 ] || [ "$pid" = "$life" ] && continue
-    in_job "$pid" && continue
-    stat_of "$pid" || continue
-    if member "$p"; then
-      job="$job$pid "; new="$new $pid"
-      if [ -z "$refs" ] && grep -qs "$m" "$p/environ"; then
-        for fd in 1 2; do [ -p "$p/fd/$fd" ] && refs="$refs $p/fd/$fd"; done
-      fi
-    fi
-  done
-  [ -n "$new" ]
-}
-while scan; do :; done
-if [ "$sig" = KILL ]; then
-  for round in 1 2 3 4 5 6 7 8; do
-    for pid in $job; do kill -s STOP "$pid" 2>/dev/null; done
-    scan || break
-  done
-  for pid in $job; do kill -s KILL "$pid" 2>/dev/null && n=$((n+1)); done
-  for pid in $job; do kill -s CONT "$pid" 2>/dev/null; done
-else
-  for pid in $job; do kill -s "$sig" "$pid" 2>/dev/null && n=$((n+1)); done
-fi
-echo "$n"
-]]
-
--- The request a backend starts to signal a job's tree: signal with or
--- without "SIG"; the job's marker and start (core.now() of its start).
--- Small captures: it prints a count.
-function M.kill_request(signal, job)
-  signal = tostring(signal or "KILL"):gsub("^SIG", "")
-  local age = job.started and math.ceil((core.now() - job.started) * 100) or 0
-  return {
-    argv = { "sh", "-c", KILL_SCRIPT, "sh", signal, job.marker, tostring(age) }, env = {},
-    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
-  }
-end
-
--- The in-box end of every process of a box but its own lifetime process
--- (PID 1, or the first child of an init), for a box whose agent was lost
--- (POSIX sh, builtins only: no fork of its own joins the list). It stops
--- every other process, looks again until no new one appears (a stopped
--- process cannot fork), kills them all, and prints how many are left
--- (processes that did not go: 0 when the box is clear).
-local CLEAR_SCRIPT = [[
-me=$$
-stat_of() {
-  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
-  line=${line##*) }
-  set -- $line
-  ppid=$2; start=${20}
-}
-life=1
-read -r line < /proc/1/stat
-case "$line" in
-  *"(sleep)"*) ;;
-  *) best=""
-     for p in /proc/[0-9]*; do
-       stat_of "${p#/proc/}" || continue
-       [ "$ppid" = 1 ] || continue
-       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
-     done ;;
-esac
-others() {
-  list=""
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    [ "$pid" = "$me" ] || [ "$pid" = 1 ] || [ "$pid" = "$life" ] && continue
-    stat_of "$pid" || continue
-    # A process of this very exec (the daemon's exec has PPid 0 in the box)
-    # is only the script itself; zombies wait for their parent.
-    case "$line" in Z*) continue;; esac
-    list="$list $pid"
-  done
-}
-for round in 1 2 3 4 5 6 7 8; do
-  others
-  [ -z "$list" ] && break
-  for pid in $list; do kill -s STOP "$pid" 2>/dev/null; done
-  seen=$list
-  others
-  [ "$list" = "$seen" ] || continue
-  for pid in $list; do kill -s KILL "$pid" 2>/dev/null; done
-  for pid in $list; do kill -s CONT "$pid" 2>/dev/null; done
-done
-# Killed processes take a moment to become zombies: look again a while.
-n=0
-try=0
-while [ "$try" -lt 200 ]; do
-  others
-  n=0; for pid in $list; do n=$((n+1)); done
-  [ "$n" = 0 ] && break
-  for pid in $list; do kill -s KILL "$pid" 2>/dev/null; done
-  try=$((try+1))
-done
-echo "$n"
-]]
-
--- The request a backend starts to end every process of a box but its
--- lifetime process (see CLEAR_SCRIPT). Small captures: it prints a count.
-function M.clear_request()
-  return {
-    argv = { "sh", "-c", CLEAR_SCRIPT }, env = {}, user = "0",
-    capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
-  }
-end
+-- The in-box kill and clear of a job's processes live in sbx.job (a leaf
+-- the backends require without this module).
+M.kill_request = job_mod.kill_request
+M.clear_request = job_mod.clear_request
 
 -- A stream's transport failure in the backend's words (Docker: a socket
 -- that is gone or refuses is "daemon_unavailable"): message, code.
@@ -1127,9 +935,9 @@ function Box:output(name, opts)
   max = math.floor(math.min(max, math.max(total - offset, 1)))
   local bytes, next_offset, skipped = p.job.stream:read("output", offset, max)
   -- Never hand out half a character: keep it for the next read.
-  local whole, held = sbx.text.head_cut(bytes)
+  local whole, held = core.text.head_cut(bytes)
   if p.status ~= "running" and next_offset >= total then held = 0; whole = bytes end
-  local text, replaced = sbx.model_text(whole)
+  local text, replaced = util.model_text(whole)
   return {
     text = text,
     replaced = replaced,
@@ -1293,7 +1101,7 @@ function Box:session(opts)
   end
   local pol = self:policy()
   local id = random_id()
-  return setmetatable({ box = self, lock = sbx.semaphore(1), env = opts.env, cwd = opts.cwd, user = opts.user,
+  return setmetatable({ box = self, lock = tasks_mod.semaphore(1), env = opts.env, cwd = opts.cwd, user = opts.user,
     launcher = opts.shell or pol.exec.session_shell, state = string.format(pol.exec.session_state, id) }, Session)
 end
 
@@ -1343,7 +1151,7 @@ Session.__close = Session.close
 -- Tools for a model bound to this box.
 function Box:tools()
   check_open(self)
-  return sbx.tools.for_box(self)
+  return require("sbx.tools").for_box(self)
 end
 
 return M

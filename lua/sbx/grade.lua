@@ -21,7 +21,6 @@ local core = require "sbx.core"
 
 local M = {}
 
-local function sbx_mod() return require "sbx" end
 
 local FIELDS = { "outputs", "check_files", "check_setup", "check_box" }
 M.FIELDS = FIELDS
@@ -136,7 +135,7 @@ end
 local function run_list(ctx, box, task, list, name)
   if list == nil then return end
   if type(list) ~= "table" or (getmetatable(list) and getmetatable(list).__call) then list = { list } end
-  ctx.res.phases[name] = sbx_mod().json.array {}
+  ctx.res.phases[name] = core.json.array {}
   for i, cmd in ipairs(list) do
     local p, ok = ctx.run_command(box, cmd, "check")
     ctx.res.phases[name][i] = p
@@ -212,7 +211,7 @@ local function check_same(ctx, box, task)
     BOX.helper_exec(box, { bb, "kill", "-9", "-1" }, { timeout = 30 })
     left = BOX.helper_exec(box, { bb, "sh", "-c", count }, { timeout = 30 })
     if left and left.exit_code == 0 and tonumber(left.stdout) == 0 then break end
-    sbx_mod().sleep(0.1)
+    core.sleep(0.1)
   end
   if not left or left.exit_code ~= 0 or tonumber(left.stdout) ~= 0 then
     ctx.infra("the run's processes did not all go before the check: " ..

@@ -39,7 +39,21 @@
 --   [--pool N]
 local M = {}
 
-local function lib() return require "sbx" end   -- loaded lazily: init.lua requires us
+-- What this runner uses of sbx's API, from the modules below the facade
+-- (which exports sbx.harness, so the runner never requires it): the same
+-- functions and the live policy (sbx.config).
+local core = require "sbx.core"
+local config = require "sbx.config"
+local util = require "sbx.util"
+local tasks_mod = require "sbx.tasks"
+local API = setmetatable({
+  core = core, json = core.json, now = core.now, deadline = core.deadline,
+  model_text = util.model_text, merge_policy = util.merge, deep_copy = util.deep_copy,
+  spawn = tasks_mod.spawn, semaphore = tasks_mod.semaphore,
+  box = function(...) return require("sbx.box").new(...) end,
+  pool = function(...) return require("sbx.pool").new(...) end,
+}, { __index = function(_, k) if k == "policy" then return config.policy end end })
+local function lib() return API end
 
 local function is_null(v, json) return v == nil or v == json.null end
 

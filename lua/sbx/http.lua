@@ -6,7 +6,7 @@ local core = require "sbx.core"
 local M = setmetatable({}, { __index = core.http })
 
 function M.request(opts)
-  local pol = require("sbx").policy.http
+  local pol = require("sbx.config").policy.http
   local key = opts.stream and "max_buffer" or "max_body"
   if opts[key] == nil and pol and pol[key] then
     local o = {}

@@ -13,7 +13,7 @@ local http, json = require "sbx.http", core.json
 
 local M = {}
 
-local function pol() return require("sbx").policy.http end
+local function pol() return require("sbx.config").policy.http end
 
 -- Hooks the tests (or a policy) may replace.
 M.sleep = core.sleep

@@ -114,7 +114,10 @@ function M.serve(opts)
     for _, v in ipairs(M.versions) do if v == want then version = v end end
     initialized = true
     local instructions = pol.instructions
-    if type(instructions) == "function" then instructions = instructions(sbx.policy) end
+    if type(instructions) == "function" then
+      local p = sbx.policy
+      instructions = instructions(p, require("sbx.box").backend_name(p.box.backend, nil, p))
+    end
     reply(id, {
       protocolVersion = version,
       capabilities = { tools = { listChanged = false } },

@@ -27,7 +27,7 @@ local me
 -- { pid, start, host } of this process (strings).
 function M.identity()
   if not me then
-    local pid = tostring(require("sbx").core.pid())
+    local pid = tostring(require("sbx.core").pid())
     me = { pid = pid, start = M.proc_start(pid) or "0", host = M.hostname() }
   end
   return me
@@ -45,7 +45,7 @@ function M.labels(lifetime, extra)
     ["sbx.owner.host"] = o.host,
     ["sbx.created"] = tostring(now),
     ["sbx.deadline"] = tostring(now + math.floor(lifetime)),
-    ["sbx.version"] = require("sbx").core.version,
+    ["sbx.version"] = require("sbx.core").version,
   }
   for k, v in pairs(extra or {}) do t[k] = tostring(v) end
   return t

@@ -15,8 +15,16 @@ local KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 
 local policy = {}
 
--- The live policy when a caller passes none (a hook called by hand).
-local function live(pol) return pol or require("sbx").policy end
+local util = require "sbx.util"
+
+-- The live policy when a caller passes none (a hook called by hand): the
+-- one sbx.config holds once it is loaded. This file never loads it
+-- (sbx.config requires this file); before it is loaded the live policy
+-- would be a fresh copy of these defaults, so the defaults serve.
+local function live(pol)
+  local config = package.loaded["sbx.config"]
+  return pol or (config and config.policy) or policy
+end
 
 -- Box defaults: what sbx.box{} uses for every option the caller leaves out.
 -- The isolation options among them (memory, cpus, pids, disk, network,
@@ -185,11 +193,10 @@ policy.mcp = {
   progress_interval = 5,        -- seconds between progress notifications of a quiet command
   max_line = 64 * MiB,          -- the longest JSON-RPC message read from stdin; a longer one is answered with an error and dropped
   -- What initialize tells the client about the server: a string, or a
-  -- function of the policy returning one.
-  instructions = function(p)
-    -- The backend the boxes will use ("auto" resolved), not the knob's value.
-    local backend = require("sbx.box").backend_name(p.box.backend, nil, p)
-    return "Tools run commands in an isolated sandbox (" .. tostring(backend) .. ")."
+  -- function of the policy and the backend the boxes will use ("auto"
+  -- resolved by sbx mcp) returning one. A default does no I/O.
+  instructions = function(p, backend)
+    return "Tools run commands in an isolated sandbox (" .. tostring(backend or p.box.backend) .. ")."
   end,
   -- The message of a progress notification. info: elapsed (seconds), bytes
   -- (of output so far), last_line (the last output line), count (this
@@ -385,7 +392,7 @@ policy.progress = {
   -- The line for a step: p = { what, bytes, total (or nil), count, of (or
   -- nil), seconds, rate (bytes/s or nil), done }.
   format = function(p)
-    local size = require("sbx.progress").size
+    local size = util.size
     local parts = { size(p.bytes) }
     if p.total and p.total > 0 then
       parts[1] = string.format("%s of %s (%d%%)", size(p.bytes), size(p.total), math.floor(100 * math.min(1, p.bytes / p.total)))
@@ -607,7 +614,7 @@ end
 function policy.format_output(part, pol)
   pol = live(pol)
   local limits = pol.output
-  local model_text = require("sbx").model_text
+  local model_text = util.model_text
   local head, rh = model_text(part.head)
   local tail, rt = model_text(part.tail)
   local omitted = part.omitted

@@ -33,7 +33,10 @@
 --     from ending.
 local M = {}
 
-local function lib() return require "sbx" end   -- loaded lazily: init.lua requires us
+local core = require "sbx.core"
+local config = require "sbx.config"
+local util = require "sbx.util"
+local policy_check = require "sbx.policy_check"
 
 local Pool = {}
 Pool.__index = Pool
@@ -72,12 +75,11 @@ M.same = same
 -- policy: policy.box (of the box's overlay, when opts.policy is one) with
 -- opts over it, the overlay itself kept as given.
 local function resolve(opts)
-  local sbx = lib()
-  local pol = sbx.policy
+  local pol = config.policy
   if opts.policy ~= nil then
-    pol = sbx.merge_policy(sbx.deep_copy(sbx.policy), sbx.load_policy(opts.policy))
+    pol = util.merge(util.deep_copy(config.policy), config.load(opts.policy))
   end
-  local spec = sbx.merge_policy({}, sbx.deep_copy(pol.box))
+  local spec = util.merge({}, util.deep_copy(pol.box))
   for k, v in pairs(opts) do spec[k] = v end
   return spec
 end
@@ -87,19 +89,19 @@ M.resolve = resolve
 
 local function knob(self, name)
   local v = self.knobs[name]
-  if v == nil then v = lib().policy.pool[name] end
+  if v == nil then v = config.policy.pool[name] end
   return v
 end
 
 local function backoff_delay(self, failures)
-  local b, d = self.knobs.backoff or {}, lib().policy.pool.backoff
+  local b, d = self.knobs.backoff or {}, config.policy.pool.backoff
   local base, max = b.base or d.base, b.max or d.max
   return math.min(max, base * 2 ^ (failures - 1))
 end
 
 -- The resolved spec, again after a policy change (sbx.use_policy).
 local function spec_of(self)
-  local gen = lib().policy_generation
+  local gen = config.generation
   if self.spec_gen ~= gen then
     self.spec, self.spec_gen = resolve(self.box), gen
   end
@@ -119,9 +121,9 @@ end
 -- Runs fn(...) as an unref'd task the pool tracks in set until it ends
 -- (pool:close joins them, so none is cut off by the host's teardown).
 local function background(set, fn, ...)
-  local rec = { signals = lib().core.signals() }
+  local rec = { signals = core.signals() }
   local args = table.pack(...)
-  rec.task = lib().core.spawn(function()
+  rec.task = core.spawn(function()
     pcall(fn, table.unpack(args, 1, args.n))
     set[rec] = nil
   end)
@@ -153,9 +155,8 @@ end
 
 -- One creation, in its own task.
 local function create(self)
-  local sbx = lib()
-  local born = sbx.core.now()
-  local ok, b, err, code = pcall(sbx.box, self.create_opts)
+  local born = core.now()
+  local ok, b, err, code = pcall(require("sbx.box").new, self.create_opts)
   self.creating = self.creating - 1
   if not ok then
     -- Cancelled (pool:close) or interrupted (a signal): a box half made
@@ -171,7 +172,7 @@ local function create(self)
     self.failures = self.failures + 1
     self.failing = self.failing + 1
     self.last_error, self.last_code = tostring(err), code
-    self.backoff_until = sbx.core.now() + backoff_delay(self, self.failing)
+    self.backoff_until = core.now() + backoff_delay(self, self.failing)
     local waiters = self.waiters
     self.waiters = {}
     for _, w in ipairs(waiters) do
@@ -207,7 +208,6 @@ end
 -- concurrency and outside the backoff; then sleeps until something is due
 -- or the pool's wake event is set (a take, a creation ended, a resize).
 local function keep(self)
-  local core = lib().core
   while not self.closed do
     self.wake:clear()
     local now = core.now()
@@ -235,7 +235,7 @@ end
 
 local function ensure_keeper(self)
   if self.keeper and not self.keeper:done() then return end
-  self.keeper = lib().core.spawn(function() pcall(keep, self) end)
+  self.keeper = core.spawn(function() pcall(keep, self) end)
   self.keeper:unref()
 end
 
@@ -261,45 +261,44 @@ end
 -- anything is made (nil, message, "unsupported"); creation failures come
 -- from take(). The pool starts filling at once.
 function M.new(opts)
-  local sbx = lib()
   if type(opts) ~= "table" then error("sbx.pool expects a table of options", 2) end
   for k in pairs(opts) do
     local known = false
     for _, n in ipairs(OPTIONS) do if n == k then known = true end end
     if not known then
-      local near = type(k) == "string" and sbx.policy_check.nearest(k, OPTIONS)
+      local near = type(k) == "string" and policy_check.nearest(k, OPTIONS)
       error(string.format("sbx.pool: unknown option '%s'%s", tostring(k),
         near and string.format(" (did you mean '%s'?)", near) or string.format(" (known: %s)", table.concat(OPTIONS, ", "))), 2)
     end
   end
   local size = opts.size
   if size == nil then
-    size = sbx.policy.pool.size
+    size = config.policy.pool.size
     if size == 0 then error("sbx.pool needs size = N (policy.pool.size is 0)", 2) end
   end
   size = check_size(size, "sbx.pool: size", 1)
   if opts.box ~= nil and type(opts.box) ~= "table" then error("sbx.pool: box must be a table of box options", 2) end
   local knobs = {}
   for k in pairs(KNOBS) do knobs[k] = opts[k] end
-  local kok, kmsg = sbx.policy_check.policy { pool = sbx.deep_copy(knobs) }
+  local kok, kmsg = policy_check.policy { pool = util.deep_copy(knobs) }
   if not kok then error("sbx.pool: " .. kmsg:gsub("^policy field pool%.", "option "), 2) end
 
-  local box = sbx.deep_copy(opts.box or {})
-  local pol = sbx.policy
+  local box = util.deep_copy(opts.box or {})
+  local pol = config.policy
   if box.policy ~= nil then
-    pol = sbx.merge_policy(sbx.deep_copy(sbx.policy), sbx.load_policy(box.policy))
+    pol = util.merge(util.deep_copy(config.policy), config.load(box.policy))
   end
   local bname = require("sbx.box").backend_name(box.backend or pol.box.backend, box, pol)
   local bok, backend = pcall(require, "sbx.backends." .. tostring(bname))
   if not bok then error(string.format("sbx.pool: unknown backend '%s' (%s)", tostring(bname), tostring(backend)), 2) end
-  local ok, msg = sbx.policy_check.box_options(box, backend)
+  local ok, msg = policy_check.box_options(box, backend)
   if not ok then error("sbx.pool: " .. msg, 2) end
   local spec = resolve(box)
   local limits, lerr, lcode = require("sbx.limits").resolve(backend, spec, box, pol)
   if limits == nil then return nil, lerr, lcode end
 
-  local id = require("sbx.box").random_id()
-  local create_opts = sbx.deep_copy(box)
+  local id = require("sbx.job").random_id()
+  local create_opts = util.deep_copy(box)
   create_opts.labels = create_opts.labels or {}
   create_opts.labels["sbx.pool"] = id
   local self = setmetatable({
@@ -312,7 +311,7 @@ function M.new(opts)
     waiters = {},              -- { ev, entry | err, code } first come, first served
     creators = {},             -- creations in flight (tasks)
     closing = {},              -- retirements in flight (tasks)
-    wake = sbx.core.event(),
+    wake = core.event(),
     creating = 0, created = 0, taken = 0, failures = 0, retired = 0,
     failing = 0,               -- failed creations in a row
     backoff_until = 0,
@@ -338,7 +337,6 @@ function Pool:take(timeout)
   if timeout ~= nil and (type(timeout) ~= "number" or not (timeout >= 0)) then
     error("timeout must be a number of seconds >= 0", 2)
   end
-  local core = lib().core
   ensure_keeper(self)
   local now, age = core.now(), retire_age(self)
   while self.ready[1] do
@@ -438,7 +436,7 @@ function Pool:close()
   -- (the backend's clean-up runs in the creation's task): cancelling it
   -- again would cut that short and leave the box behind. Only the others
   -- are cancelled; all are waited for.
-  local signals = lib().core.signals()
+  local signals = core.signals()
   for rec in pairs(self.creators) do
     if rec.signals == signals then rec.task:cancel() end
   end

@@ -13,7 +13,9 @@ policy.progress.format's.
 ]]
 local M = {}
 
-local function lib() return require "sbx" end
+local core = require "sbx.core"
+local config = require "sbx.config"
+local util = require "sbx.util"
 
 local tty
 local function on_tty()
@@ -34,9 +36,8 @@ Meter.__index = Meter
 -- (parts expected), pol (the policy; default the live one).
 function M.start(what, opts)
   opts = opts or {}
-  local sbx = lib()
-  local pol = opts.pol and opts.pol.progress or sbx.policy.progress
-  local now = sbx.now()
+  local pol = opts.pol and opts.pol.progress or config.policy.progress
+  local now = core.now()
   return setmetatable({
     what = what, total = opts.total, of = opts.of, bytes = 0, count = 0,
     t0 = now, last = nil, said = false, pol = pol, out = opts.stream or io.stderr,
@@ -44,7 +45,7 @@ function M.start(what, opts)
 end
 
 function Meter:info(done)
-  local seconds = lib().now() - self.t0
+  local seconds = core.now() - self.t0
   return {
     what = self.what, bytes = self.bytes, total = self.total, count = self.count, of = self.of,
     seconds = seconds, rate = seconds > 0 and self.bytes / seconds or nil, done = done or false,
@@ -54,8 +55,7 @@ end
 function Meter:show(done)
   local pol = self.pol
   if pol.mode == "never" then return end
-  local sbx = lib()
-  local now = sbx.now()
+  local now = core.now()
   local terminal = on_tty()
   if not done then
     if pol.mode ~= "always" and not terminal and now - self.t0 < pol.after then return end
@@ -101,13 +101,7 @@ function Meter:finish()
   self:show(true)
 end
 
--- progress.size(bytes) -> "12.3 MiB"
-function M.size(n)
-  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
-  local i = 1
-  n = n or 0
-  while n >= 1024 and i < #units do n, i = n / 1024, i + 1 end
-  return i == 1 and string.format("%d B", n) or string.format("%.1f %s", n, units[i])
-end
+-- size(n) -> n bytes for a person: "512 B", "1.5 MiB".
+M.size = util.size
 
 return M

@@ -33,7 +33,7 @@ local function string_methods_without_dump()
   }, { __index = string })
   -- Pattern matching that a deadline stops (pattern.c): s:find(p) as
   -- well as string.find(s, p).
-  for k, f in pairs(require("sbx").core.pattern) do methods[k] = f end
+  for k, f in pairs(require("sbx.core").pattern) do methods[k] = f end
   mt.__index = methods
   mt.__sbx_nodump = true
 end
@@ -48,11 +48,11 @@ function M.new()
     env[n] = t
   end
   env.string.dump = nil
-  for k, f in pairs(require("sbx").core.pattern) do env.string[k] = f end
+  for k, f in pairs(require("sbx.core").pattern) do env.string[k] = f end
   -- xpcall whose handler does not run once the deadline has ended: an
   -- error from the count hook calls the handler with hooks off, where a
   -- loop could never be stopped (deadline.c).
-  env.xpcall = require("sbx").core.xpcall
+  env.xpcall = require("sbx.core").xpcall
   -- Metatables: only those the file set itself are its to see or change.
   local own = setmetatable({}, { __mode = "k" })      -- object -> true
   local string_mt = { __index = env.string }          -- what getmetatable("") gives

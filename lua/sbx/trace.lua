@@ -18,10 +18,11 @@
 local core = require "sbx.core"
 local json = core.json
 local boxmod = require "sbx.box"
+local file = require "sbx.trace_file"
 
 local M = {}
 
-local OPS = { "exec", "spawn", "output", "kill", "wait", "write_file", "read_file", "close", "processes" }
+local OPS = file.ops
 M.ops = OPS
 
 local state              -- the recording trace, or nil
@@ -29,32 +30,15 @@ local originals = {}     -- op -> the unwrapped Box method
 local depth = setmetatable({}, { __mode = "k" })   -- coroutine -> nesting of traced calls
 local autostart_done = false
 
-local function sbx() return package.loaded.sbx or package.loaded["sbx.init"] or require "sbx" end
 
 -- Values ---------------------------------------------------------------------------
 
-local b64 = require "sbx.base64"
-local base64, unbase64 = b64.encode, b64.decode
-
--- Bytes in a trace: a string when it is UTF-8, else { base64 = ... }.
-function M.bytes_out(s)
-  if s == nil or utf8.len(s) then return s end
-  return { base64 = base64(s) }
-end
-
-function M.bytes_in(v)
-  if type(v) == "table" and v.base64 then return unbase64(v.base64) end
-  return v
-end
-
--- A decoded JSON value as plain Lua: no JSON marks, null becomes nil.
-function M.plain(v)
-  if v == json.null then return nil end
-  if type(v) ~= "table" then return v end
-  local c = {}
-  for k, x in pairs(v) do c[k] = M.plain(x) end
-  return c
-end
+-- The file's format (bytes, plain values, reading one back) is
+-- sbx.trace_file's, a leaf sbx.backends.replay reads without this module.
+M.bytes_out = file.bytes_out
+M.bytes_in = file.bytes_in
+M.plain = file.plain
+M.load = file.load
 
 local function copy(v)
   if type(v) ~= "table" then return v end
@@ -329,7 +313,7 @@ function M.start(path, opts)
   if type(opts) ~= "table" then error("trace options must be a table", 2) end
   M.stop()
   autostart_done = true
-  local pol = sbx().policy.trace or {}
+  local pol = require("sbx.config").policy.trace or {}
   local f, err = io.open(path, opts.append and "a" or "w")
   if not f then return nil, err end
   local function opt(name)
@@ -387,7 +371,7 @@ function M.active() return state and state.path end
 local failed_path
 boxmod.trace_autostart = function()
   if autostart_done then return nil end
-  local pol = sbx().policy.trace
+  local pol = require("sbx.config").policy.trace
   local path = pol and pol.path or os.getenv("SBX_TRACE")
   if path and path ~= "" and path ~= failed_path then
     local ok, err = M.start(path)
@@ -398,24 +382,6 @@ boxmod.trace_autostart = function()
     end
   end
   return boxmod.tracer
-end
-
--- Reading a trace: the records in seq order, plain Lua values.
-function M.load(path)
-  local f, err = io.open(path, "r")
-  if not f then return nil, err end
-  local list, n = {}, 0
-  for line in f:lines() do
-    n = n + 1
-    if line:find("%S") then
-      local rec, derr = json.decode(line)
-      if rec == nil then f:close(); return nil, string.format("%s:%d: %s", path, n, tostring(derr)) end
-      list[#list + 1] = M.plain(rec)
-    end
-  end
-  f:close()
-  table.sort(list, function(a, b) return (a.seq or 0) < (b.seq or 0) end)
-  return list
 end
 
 return M

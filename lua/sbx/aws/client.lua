@@ -40,7 +40,7 @@ M.http_request = require("sbx.http").request
 M.clock = os.time               -- wall clock, epoch seconds: credential expiry
 
 local function policy()
-  return require("sbx").policy.aws
+  return require("sbx.config").policy.aws
 end
 
 -- Services ------------------------------------------------------------------

@@ -164,8 +164,8 @@ end
 -- The metadata endpoints' timeouts and tries, as the SDKs set them
 -- (policy.aws; environment variables the SDKs read win where they exist).
 local function meta_pol()
-  local ok, sbx = pcall(require, "sbx")
-  return ok and sbx.policy and sbx.policy.aws or { container_timeout = 2, container_attempts = 3,
+  local ok, config = pcall(require, "sbx.config")
+  return ok and config.policy and config.policy.aws or { container_timeout = 2, container_attempts = 3,
     imds_timeout = 1, imds_token_ttl = 21600 }
 end
 

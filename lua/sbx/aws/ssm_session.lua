@@ -14,8 +14,8 @@
 -- (the socket went away first), "error" (protocol, KMS, resend limit), "cancelled".
 local M = {}
 
-local sbx = require "sbx"
-local core, json, codec = sbx.core, sbx.json, sbx.ssm
+local core = require "sbx.core"
+local json, codec = core.json, core.ssm
 
 local Session = {}
 Session.__index = Session

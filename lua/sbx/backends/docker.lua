@@ -17,7 +17,7 @@ function M.options(check)
   return { host_config = check.map(check.ANY) }
 end
 
-local function pol() return require("sbx").policy.docker end
+local function pol() return require("sbx.config").policy.docker end
 
 local daemons = {}          -- endpoint string -> daemon (one ping per process)
 local disk_quota, disk_entry, ensure_poller, watch, unwatch   -- the disk section, below
@@ -348,7 +348,7 @@ local watchers = {}         -- endpoint -> { boxes = id -> handle, task = poller
 
 local function freeze(h, used)
   if h.frozen or h.destroyed then return end
-  local live = h.policy and h.policy() or require("sbx").policy   -- the box's own (overlay included)
+  local live = h.policy and h.policy() or require("sbx.config").policy   -- the box's own (overlay included)
   local msg = live.format_disk_exceeded(used, h.disk_limit, live)
   h.frozen = { message = msg, code = "disk_exceeded", used = used }
   unwatch(h)
@@ -477,13 +477,13 @@ local function sweep(d, ref)
   if sw.running then return end
   sw.running = true
   core.spawn(function()
-    local sbx = require "sbx"
+    local config = require "sbx.config"
     local p = pol().orphan_sweep
     while next(sw.refs) do
-      local ended = sbx.draining_since
+      local ended = config.draining_since
       local deadline = core.now() + p.call_timeout
       if ended then
-        local stop = ended + sbx.policy.box.destroy_timeout
+        local stop = ended + config.policy.box.destroy_timeout
         if core.now() >= stop then break end
         deadline = math.min(deadline, stop)
       end
@@ -599,7 +599,7 @@ end
 function M.destroy(h, detached, deadline)
   if h.destroyed then return true end
   h.destroyed = true
-  deadline = deadline or core.now() + require("sbx").policy.box.destroy_timeout
+  deadline = deadline or core.now() + require("sbx.config").policy.box.destroy_timeout
   unwatch(h)
   local st, err, code = call(h.daemon, "DELETE", "/containers/" .. h.id .. "?force=true&v=true", nil,
     { ok = { [404] = true, [409] = true }, detached = detached, deadline = deadline })
@@ -782,7 +782,7 @@ end
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal, deadline)
   deadline = deadline or core.now() + pol().kill_timeout
-  local req = require("sbx.box").kill_request(signal, job)
+  local req = require("sbx.job").kill_request(signal, job)
   local id, err, code = exec_create(h, req, deadline)
   if not id then return nil, err, code end
   local s = open_stream(h, id, req)
@@ -821,7 +821,7 @@ end
 -- restarted (every process dies, its files stay).
 function M.clear(h, deadline)
   if h.frozen then return nil, h.frozen.message, h.frozen.code end
-  local req = require("sbx.box").clear_request()
+  local req = require("sbx.job").clear_request()
   local id, err, code = exec_create(h, req, deadline)
   if not id and (code == "daemon_unavailable" or code == "daemon_unresponsive" or code == "box_gone") then
     return nil, err, code

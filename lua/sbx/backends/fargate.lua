@@ -52,13 +52,14 @@ local M = {}
 -- ExecuteCommand takes the command line in JSON: UTF-8 text only.
 M.text_argv = "ECS ExecuteCommand takes the command as JSON text"
 
-local sbx = require "sbx"
-local core, json = sbx.core, sbx.json
+local config = require "sbx.config"
+local core = require "sbx.core"
+local json = core.json
 local owner = require "sbx.owner"
 local session_mod = require "sbx.aws.ssm_session"
 local start_check = require "sbx.transports.start_check"
 
-local function pol_f() return sbx.policy.fargate end
+local function pol_f() return config.policy.fargate end
 
 -- Clients and one-time work, per process -------------------------------------------
 
@@ -776,7 +777,7 @@ function M.start(h, req)
     return nil, "ECS Exec runs every command as root whatever the image's USER (the SSM agent runs as root in the "
       .. "container and starts sessions as itself); a per-command user needs the agent transport on Fargate", "unsupported"
   end
-  local id = require("sbx.box").random_id()
+  local id = require("sbx.job").random_id()
   local secret, serr0 = new_secret()
   if not secret then return nil, serr0, "no_random" end
   if not req.cwd and h.f.workdir then
@@ -785,7 +786,7 @@ function M.start(h, req)
     r2.workdir = h.f.workdir
     req = r2
   end
-  local check_id = require("sbx.box").random_id()
+  local check_id = require("sbx.job").random_id()
   local out, err, code = execute(h, wrapper(req, id, check_id))
   if not out then return nil, err, code end
   local pol = h.f.ssm
@@ -845,7 +846,7 @@ function M.start(h, req)
     job.exit_code = filter.exit_code
     if check.failed then
       job.exit_code = nil
-      sink:finish("exec_failed", start_check.message(check.failed, req, sbx.policy))
+      sink:finish("exec_failed", start_check.message(check.failed, req, config.policy))
     elseif r.reason == "closed" then
       if r.exit_code and not job.exit_code then job.exit_code = r.exit_code end
       sink:finish()
@@ -1049,7 +1050,7 @@ end
 
 -- kill(handle, job, signal) -> true | nil, message, code
 function M.kill(h, job, signal)
-  local req = require("sbx.box").kill_request(signal, job)
+  local req = require("sbx.job").kill_request(signal, job)
   req.is_kill = true              -- its own dropped channel must not start another kill
   local kjob, err, code = M.start(h, req)
   if not kjob then return nil, err, code end

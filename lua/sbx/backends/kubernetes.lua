@@ -20,15 +20,16 @@
 -- plugin enforces it (box.limits.network says so).
 local M = {}
 
-local sbx = require "sbx"
-local core, json = sbx.core, sbx.json
+local sbx_config = require "sbx.config"
+local core = require "sbx.core"
+local json = core.json
 local http = require "sbx.http"
 local owner = require "sbx.owner"
 local config = require "sbx.kubernetes.config"
 local client_mod = require "sbx.kubernetes.client"
 local start_check = require "sbx.transports.start_check"
 
-local function pol_k() return sbx.policy.kubernetes end
+local function pol_k() return sbx_config.policy.kubernetes end
 
 -- Box options only this backend takes: every policy.kubernetes knob.
 function M.options(check) return check.section_rules("kubernetes") end
@@ -651,7 +652,7 @@ function M.create(spec, pol)
   if w and not w.result then leave_watch(c, w) end
   if not ok or not res then
     -- Interrupted, cancelled or failed: nothing of the box stays.
-    pcall(M.destroy, h, false, core.now() + (sbx.policy.box.destroy_timeout or 10))
+    pcall(M.destroy, h, false, core.now() + (sbx_config.policy.box.destroy_timeout or 10))
     if not ok then error(res, 0) end
     return nil, rerr, rcode
   end
@@ -765,7 +766,7 @@ local function pump(h, job, ex, sink, req)
     return
   end
   if check.failed then
-    job.error = start_check.message(check.failed, req, sbx.policy)
+    job.error = start_check.message(check.failed, req, sbx_config.policy)
     sink:finish("exec_failed", job.error)
     return
   end
@@ -809,7 +810,7 @@ function M.start(h, req)
   end
   h.streams[ex] = true
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
-  local job = { stream = sink, marker = req.marker, ex = ex, check_id = require("sbx.box").random_id() }
+  local job = { stream = sink, marker = req.marker, ex = ex, check_id = require("sbx.job").random_id() }
   local script = command_script(h, req, ex.v5, job.check_id)
   if not req.stdin or #req.stdin <= h.k.stdin_chunk then
     ex:send_stdin(script .. (req.stdin or ""))
@@ -840,7 +841,7 @@ end
 -- in-box kill, as another exec.
 function M.kill(h, job, signal, deadline)
   job.killed = true
-  local req = require("sbx.box").kill_request(signal, job)
+  local req = require("sbx.job").kill_request(signal, job)
   req.is_kill = true
   local kjob, err, code = M.start(h, req)
   if not kjob then return nil, err, code end

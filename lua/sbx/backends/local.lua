@@ -55,8 +55,8 @@ local S = core.sandbox
 local M = {}
 local disk_root_path   -- below
 
-local function sbx_mod() return require "sbx" end
-local function lpol(pol) return (pol or sbx_mod().policy)["local"] end
+local sbx_config = require "sbx.config"
+local function lpol(pol) return (pol or sbx_config.policy)["local"] end
 
 -- Box options only this backend takes.
 function M.options(check)
@@ -1047,7 +1047,7 @@ end
 -- command is refused with it (as a Docker box past its limit is frozen).
 local function freeze(h, used)
   if h.frozen or h.destroyed then return end
-  local live = h.policy and h.policy() or sbx_mod().policy
+  local live = h.policy and h.policy() or sbx_config.policy
   local msg = live.format_disk_exceeded(used, h.disk_limit, live)
   h.frozen = { message = msg, code = "disk_exceeded", used = used }
   if h.chan then h.chan:close("disk_exceeded", msg) end
@@ -1061,7 +1061,7 @@ local disk_task
 local function disk_watch()
   local last = 0
   while next(disk_boxes) do
-    local lp = lpol(sbx_mod().policy)
+    local lp = lpol(sbx_config.policy)
     core.sleep(math.max(lp.disk_poll, last / lp.disk_poll_load - last))
     local t0 = core.now()
     local list = {}
@@ -1260,7 +1260,7 @@ local reaped_once = false
 
 -- create(spec, pol) -> handle | nil, message, code
 function M.create(spec, pol)
-  pol = pol or sbx_mod().policy
+  pol = pol or sbx_config.policy
   local f = get_facts(pol)
   if not f.bwrap then
     return nil, string.format("bubblewrap (%s) is not installed: apt-get install bubblewrap", lpol(pol).bwrap), "unsupported"
@@ -1340,7 +1340,7 @@ function M.destroy(h, detached, deadline)
   disk_boxes[h] = nil
   if h.src and h.src.lease then h.src.lease:close() h.src.lease = nil end
   if h.proc then h.proc:kill("KILL") end
-  local pol = h.pol or sbx_mod().policy
+  local pol = h.pol or sbx_config.policy
   local function cleanup(dl)
     local p = h.proc
     if p then
@@ -1424,7 +1424,7 @@ end
 -- say which): their processes, cgroups and directories.
 function M.reap(opts, pol)
   opts = opts or {}
-  pol = pol or sbx_mod().policy
+  pol = pol or sbx_config.policy
   local root, err, code = state_root(pol)
   if not root then return nil, err, code end
   local names = S.list(root .. "/boxes") or {}

@@ -21,9 +21,9 @@
 -- as the policy's omitted marker makes them, and the policy formats the
 -- tool texts as usual. The transport functions (start, finish, kill,
 -- restart) are never reached and say so.
-local boxmod = require "sbx.box"
-local trace = require "sbx.trace"
-local function sbx_text(s) return require("sbx").model_text(s) end
+local job = require "sbx.job"
+local trace = require "sbx.trace_file"
+local function sbx_text(s) return require("sbx.util").model_text(s) end
 
 local M = {}
 
@@ -163,7 +163,7 @@ local function rebuild(command, res)
     local p = parts[name]
     return trace.bytes_in(p.head), trace.bytes_in(p.tail), p.bytes, p.omitted
   end
-  return boxmod.build_result({ stream = stream }, {
+  return job.build_result({ stream = stream }, {
     timed_out = res.timed_out, timeout = res.timeout, command = command,
     exit_code = res.exit_code, signal = res.signal, duration = res.duration,
     box_restarted = res.box_restarted, kill_error = res.kill_error,

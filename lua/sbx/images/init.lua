@@ -74,7 +74,7 @@ local M = {}
 local PULL = { missing = true, always = true, never = true }
 
 local function policy_of(opts)
-  local pol = opts.policy or require("sbx").policy
+  local pol = opts.policy or require("sbx.config").policy
   if type(pol) ~= "table" or type(pol.images) ~= "table" then
     error("images: opts.policy must be a whole policy (with an images section)", 3)
   end
@@ -149,11 +149,11 @@ end
 -- Runs fns at most n at a time; -> the first failure (message, code) or nil.
 local unpack_layers
 local function run_bounded(fns, n)
-  local sbx = require "sbx"
-  local sem = sbx.semaphore(n)
-  local tasks = {}
+  local tasks = require "sbx.tasks"
+  local sem = tasks.semaphore(n)
+  local running = {}
   for i, fn in ipairs(fns) do
-    tasks[i] = sbx.spawn(function()
+    running[i] = tasks.spawn(function()
       sem:acquire()
       local ok, a, b, c = pcall(fn)
       sem:release()
@@ -162,8 +162,8 @@ local function run_bounded(fns, n)
     end)
   end
   local failure
-  for _, t in ipairs(tasks) do
-    local a, b, c = sbx.wait(t)
+  for _, t in ipairs(running) do
+    local a, b, c = tasks.wait(t)
     if not a and not failure then failure = { b, c } end
   end
   if failure then return failure[1], failure[2] end

@@ -38,14 +38,18 @@ end
 -- `[Exit code: N]` first when non-zero, the last 5000 characters after
 -- `...[truncated]...`, `(no output)` when empty, `[Timeout after Ns]`.
 function policy.format_result(r, pol)
-  pol = pol or require("sbx").policy
+  -- By hand without a policy: the live one. This file never loads
+  -- sbx.config (sbx.config loads it: sbx.load_policy); until sbx.config is
+  -- loaded the live policy would be a fresh copy of the defaults.
+  local config = package.loaded["sbx.config"]
+  pol = pol or (config and config.policy) or require("sbx.policy")
   if r.timed_out then
     return string.format("[Timeout after %ss]", tostring(r.timeout))
   end
   local part = r.parts.output
   -- The command's bytes as the original shows them (invalid UTF-8 as
   -- U+FFFD, as Python's errors="replace"; no line about it).
-  local text = (require("sbx").model_text(part.head .. part.tail))
+  local text = (require("sbx.util").model_text(part.head .. part.tail))
   local cut = part.omitted > 0
   local tail, longer = last_chars(text, pol.output.tail_chars)
   if cut or longer then text = "...[truncated]...\n" .. tail end
