@@ -55,7 +55,7 @@ end
 local function life(transport, bind)
   sbx.use_policy { docker = { agent_bind = bind } }
   local t0 = sbx.now()
-  local b = C.box { transport = transport }
+  local b = C.box { backend = "docker", transport = transport }
   C.exec_ok(b, { "/bin/true" })
   local got, bound = b.transport, b.handle and b.handle.agent_bound ~= nil
   b:close()
