@@ -16,11 +16,11 @@ local box = H.box { image = H.image, transport = "agent" }
 tap.is(box.transport, "agent", "the box runs on the agent")
 
 -- The agent's pid, as a command in the box sees it.
-local function agent_pid()
+local function agent_pid(b)
   -- /proc/<agent>/exe is unreadable (undumpable); its name in stat is not.
   -- The agent, not one of its per-command supervisors (forks with its
   -- name): the one whose parent is outside the box (PPid 0).
-  local r = box:exec([[for p in /proc/[0-9]*; do s=$(cat $p/stat 2>/dev/null); case "$s" in *"(.sbx-agent"*) set -- $s; [ "$4" = 0 ] && echo ${p#/proc/};; esac; done]])
+  local r = (b or box):exec([[for p in /proc/[0-9]*; do s=$(cat $p/stat 2>/dev/null); case "$s" in *"(.sbx-agent"*) set -- $s; [ "$4" = 0 ] && echo ${p#/proc/};; esac; done]])
   return r and r.stdout:match("(%d+)")
 end
 local pid = agent_pid()
@@ -76,32 +76,57 @@ r = box:exec("cat /tmp/frames.bin /tmp/frames.bin >&2; cat /tmp/frames.bin; exit
 tap.is(r.exit_code, 7, "printing EXIT and DONE frames changes no exit status")
 tap.is(r.stdout_bytes, #fake_exit * 50, "they arrive as the command's output, byte for byte")
 
--- A replaced agent binary is never run: a lost agent is placed anew.
-r = box:exec("p=$(ls -d /.sbx-agent-* | head -1); rm -f $p; printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > $p; chmod +x $p; echo $p")
-local old_path = r.stdout:gsub("%s+$", "")
-local t0 = sbx.now()
-local slow = sbx.spawn(function() return { box:exec("sleep 30", { timeout = 60 }) } end)
-sbx.sleep(0.3)
-box:exec({ "kill", "-9", pid })
-local res = sbx.wait(slow)
-tap.ok(res[1] == nil and res[3] == "agent_lost", "killing the agent fails the pending command with agent_lost", res[2])
-tap.ok(sbx.now() - t0 < 10, "at once, not at its timeout")
-r = box:exec("echo back; test -e /tmp/pwned && echo pwned || echo clean")
-tap.is(r and r.stdout, "back\nclean\n", "the next command runs on a fresh agent, not the replaced file")
-local paths = box:exec("ls -d /.sbx-agent-*").stdout
--- The replaced copy, the relay that looked for the dead agent, the new agent.
-tap.ok(select(2, paths:gsub("\n", "")) >= 2 and old_path ~= "", "placed anew beside the replaced copy (" .. paths:gsub("\n", " ") .. ")")
-local new_pid = agent_pid()
+-- A replaced agent binary is never run. Bound from the host (a daemon on
+-- this host): the box cannot replace the file, not even as root (a
+-- read-only mountpoint), and a lost agent's successor is the host's copy.
+tap.ok(box.handle.agent_bound ~= nil, "the agent is bound read-only from the host (" .. tostring(box.handle.agent_bound) .. ")")
+local REPLACE = "p=$(ls -d /.sbx-agent-* | head -1); rm -f $p; printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > $p; " ..
+  "chmod +x $p; echo $p; head -c 4 $p | od -An -c | tr -d ' \\n'; echo"
+r = box:exec(REPLACE)
+local old_path, magic = r.stdout:match("^(%S+)\n(.-)\n$")
+tap.is(magic, "177ELF", "root in the box cannot remove, rewrite or chmod the bound agent (" .. r.stderr:gsub("%s+", " ") .. ")")
+local function kill_and_back(b, agent)
+  local t0 = sbx.now()
+  local slow = sbx.spawn(function() return { b:exec("sleep 30", { timeout = 60 }) } end)
+  sbx.sleep(0.3)
+  b:exec({ "kill", "-9", agent })
+  local res = sbx.wait(slow)
+  tap.ok(res[1] == nil and res[3] == "agent_lost", "killing the agent fails the pending command with agent_lost", res[2])
+  tap.ok(sbx.now() - t0 < 10, "at once, not at its timeout")
+  r = b:exec("echo back; test -e /tmp/pwned && echo pwned || echo clean")
+  tap.is(r and r.stdout, "back\nclean\n", "the next command runs on a fresh agent, not the replaced file")
+  return b:exec("ls -d /.sbx-agent-*").stdout
+end
+local paths = kill_and_back(box, pid)
+tap.is(paths, old_path .. "\n", "the fresh agent is the bound host copy again, the only one in the box")
+
+-- Uploaded per box (a remote daemon's way, policy.docker.agent_bind =
+-- false): the box may replace its copy; a lost agent is placed anew at a
+-- new path, never the one left in the box.
+sbx.use_policy { docker = { agent_bind = false } }
+local ubox = H.box { image = H.image, transport = "agent" }
+sbx.use_policy { docker = { agent_bind = true } }
+tap.ok(ubox.transport == "agent" and ubox.handle.agent_bound == nil, "with agent_bind = false the agent is uploaded")
+do
+  local upid = agent_pid(ubox)
+  r = ubox:exec(REPLACE)
+  old_path, magic = r.stdout:match("^(%S+)\n(.-)\n$")
+  tap.is(magic, "#!/b", "an uploaded copy can be replaced by root in the box")
+  paths = kill_and_back(ubox, upid)
+  -- The replaced copy, the relay that looked for the dead agent, the new agent.
+  tap.ok(select(2, paths:gsub("\n", "")) >= 2 and old_path ~= "", "placed anew beside the replaced copy (" .. paths:gsub("\n", " ") .. ")")
+end
+ubox:close()
 
 -- An agent that stops answering: its pings go unanswered, agent_lost.
-new_pid = agent_pid()
+local new_pid = agent_pid()
 -- Stopped from outside (a docker exec of its own), not by one of its jobs.
 -- Every agent-named process outside a job: a relay left from the earlier
 -- loss may be listed before the agent (each is stopped, the agent surely).
 local all = box:exec([[for p in /proc/[0-9]*; do s=$(cat $p/stat 2>/dev/null); case "$s" in *"(.sbx-agent"*) set -- $s; [ "$4" = 0 ] && echo ${p#/proc/};; esac; done]])
 local pids = (all and all.stdout or new_pid or ""):gsub("%s+", " ")
 H.sh("docker exec " .. box.id .. " kill -STOP " .. pids)
-t0 = sbx.now()
+local t0 = sbx.now()
 local r2, err, code = box:exec("sleep 20", { timeout = 30 })
 tap.ok(r2 == nil and code == "agent_lost", "a stopped agent: agent_lost after its pings (" .. tostring(err) .. ")")
 tap.ok(sbx.now() - t0 < 10, "within ping_interval + ping_timeout, not the command's timeout")

@@ -39,9 +39,18 @@ tap.is(code, "write_failed", "the read-only root refuses")
 tap.like(err, "Read%-only file system", "and says why")
 ro:close()
 
--- On a read-only root the agent goes to a tmpfs mounted with exec; where
--- there is none, "auto" falls back to the exec transport and says why, and
--- "agent" refuses the box.
+-- Bound from the host (a daemon on this host), the agent needs nothing
+-- writable in the box: a read-only root with no tmpfs at all runs on it.
+local bro = H.box { image = H.busybox, read_only = true, transport = "agent" }
+tap.ok(bro.handle.agent_bound ~= nil, "read-only root, no tmpfs, the daemon on this host: the agent is bound in")
+tap.is(bro:exec("echo bound").stdout, "bound\n", "and runs commands")
+bro:close()
+
+-- Uploaded (a remote daemon's way, as policy.docker.agent_bind = false
+-- makes it here): on a read-only root the agent goes to a tmpfs mounted
+-- with exec; where there is none, "auto" falls back to the exec transport
+-- and says why, and "agent" refuses the box.
+sbx.use_policy { docker = { agent_bind = false } }
 local bytes = {}
 for i = 0, 255 do bytes[#bytes + 1] = string.char(i) end
 bytes = table.concat(bytes):rep(3)
@@ -72,4 +81,5 @@ tap.ok(nbox == nil and ncode ~= nil, "transport = \"agent\" where it cannot be p
   tostring(ncode) .. ")", tostring(nerr))
 tap.like(nerr, "Permission denied", "and the message says why")
 if nbox then nbox:close() end
+sbx.use_policy { docker = { agent_bind = true } }
 tap.done()

@@ -251,6 +251,20 @@ policy.docker = {
   -- daemon's time: a box with many files is measured less often.
   disk_poll = 0.25,
   disk_poll_load = 0.1,
+  -- Where the daemon runs on this host (a root-owned unix socket), sbx-agent
+  -- goes into each box as a read-only bind of one host file made from the
+  -- copy inside libsbx, instead of an archive upload per box: the box
+  -- cannot replace it, and placing it costs no daemon call. A daemon that
+  -- cannot bind it (in a VM: its socket is not root's here; rootless) or a
+  -- bound file that does not run (SELinux's labels) falls back to the
+  -- upload; so does a box that asks for CAP_SYS_ADMIN or mounts of its own.
+  -- false: always upload.
+  agent_bind = true,
+  -- The host directory of that file (sbx-agent-<arch>-<sha256 prefix>,
+  -- mode 0555, in a directory made 0700 and refused when another user owns
+  -- it). nil: /var/cache/sbx/agent as root, else
+  -- ${XDG_CACHE_HOME:-~/.cache}/sbx/agent.
+  agent_dir = nil,
 }
 
 -- Images for the daemon-free backends (sbx.images): references as the

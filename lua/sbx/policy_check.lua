@@ -139,6 +139,10 @@ local RULES = {
   ["docker.kill_timeout"] = POS,
   ["docker.disk_poll"] = POS,
   ["docker.disk_poll_load"] = num { gt = 0 },
+  ["docker.agent_bind"] = BOOL,
+  ["docker.agent_dir"] = maybe(str { check = function(v)
+    if v:sub(1, 1) ~= "/" then return "must be an absolute path" end
+  end }),
   ["images.dir"] = maybe(str { nonempty = true }),
   ["images.archives"] = list(str { nonempty = true }),
   ["images.max_bytes"] = int { gt = 0 },

@@ -21,6 +21,7 @@ local function pol() return require("sbx.config").policy.docker end
 
 local daemons = {}          -- endpoint string -> daemon (one ping per process)
 local disk_quota, disk_entry, ensure_poller, watch, unwatch   -- the disk section, below
+local agent_mount           -- the agent's channel section, below
 
 local function version_less(a, b)
   local a1, a2 = a:match("^(%d+)%.(%d+)")
@@ -416,7 +417,7 @@ local function env_pairs(t)
   return json.array(l)
 end
 
-local function create_body(spec, pol, d)
+local function create_body(spec, pol, d, bind)
   local labels = owner.labels(spec.lifetime, spec.labels)
   local host = {
     Init = spec.init and true or false,
@@ -441,6 +442,9 @@ local function create_body(spec, pol, d)
     end
     table.sort(l, function(a, b) return a.Name < b.Name end)
     host.Ulimits = json.array(l)
+  end
+  if bind then
+    host.Mounts = json.array { { Type = "bind", Source = bind.source, Target = bind.target, ReadOnly = true } }
   end
   if spec.host_config then for k, v in pairs(spec.host_config) do host[k] = v end end
   return {
@@ -544,14 +548,23 @@ function M.create(spec, pol_)
   end
   -- The name is known before the daemon answers: whatever stops us half way
   -- (an interrupt, a cancel) removes what may already exist, then goes on.
+  local bind = agent_mount(d, spec, pol_)
   local ok, st, body, ccode, sst, serr, scode = pcall(function()
-    local st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d),
+    local st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d, bind),
       { deadline = deadline })
+    if not st_ and bind and ccode_ == "bad_request" and tostring(body_):lower():find("mount", 1, true) then
+      -- The daemon cannot bind the host's file (it runs in a VM, or the
+      -- path is not its host's): the upload, for this box and the daemon's
+      -- later ones.
+      d.agent_bind, bind = false, nil
+      st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d),
+        { deadline = deadline })
+    end
     if not st_ and spec.disk and d.disk_quota and M.quota_refused(body_) then
       -- /info cannot show xfs's pquota mount option: the daemon's answer
       -- decides, for this box and the daemon's later ones.
       d.disk_quota, d.disk_note = false, "the daemon refused a size quota (" .. tostring(body_) .. ")"
-      st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d),
+      st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d, bind),
         { deadline = deadline })
     end
     if not st_ then return st_, body_, ccode_ end
@@ -571,7 +584,7 @@ function M.create(spec, pol_)
     return nil, "cannot start the box: " .. serr, scode
   end
   local h = { id = body.Id, name = name, daemon = d, jobs = setmetatable({}, { __mode = "k" }),
-    image = spec.image, read_only = spec.read_only and true or false }
+    image = spec.image, read_only = spec.read_only and true or false, agent_bound = bind and bind.target }
   -- Where the agent may go on a read-only root: the tmpfs mounts the box
   -- asked to be executable (Docker mounts a tmpfs noexec unless told
   -- "exec"), then the temporary directory.
@@ -923,11 +936,98 @@ local function agent_binary(arch)
   return agents[arch]
 end
 
--- Places a fresh sbx-agent for the image's architecture (a new random path
--- each time: a copy left in the box is never trusted) through the archive
--- API where the root is writable, else through a shell into a fresh
--- temporary directory, and runs it with args as root on an attached exec
--- whose pipes are the channel. -> channel, facts | nil, reason, code
+-- The agent from the host: where the daemon runs on this host, each box
+-- gets one host file, made once from the copy inside libsbx, as a
+-- read-only bind (policy.docker.agent_bind): no upload per box, and a file
+-- the box cannot replace, so a lost agent's successor is the host's copy
+-- again. The file is sbx-agent-<arch>-<sha256 prefix> (mode 0555) in
+-- policy.docker.agent_dir, a directory of this user's made 0700; its
+-- content is checked against libsbx's once per process.
+local function host_arch()
+  local f = io.open("/proc/sys/kernel/arch", "r")
+  local m = f and f:read("l")
+  if f then f:close() end
+  return m and ARCH[m]
+end
+
+local function agent_dir(dp)
+  local dir = dp.agent_dir
+  if dir then return dir end
+  if core.sandbox.ids() == 0 then return "/var/cache/sbx/agent" end
+  local xdg = os.getenv("XDG_CACHE_HOME")
+  return ((xdg and xdg ~= "") and xdg or (home() .. "/.cache")) .. "/sbx/agent"
+end
+
+local host_files = {}       -- dir .. "\0" .. arch -> { path, hash }: written or checked by this process
+-- agent_host_file(arch, docker policy) -> path, hash | nil, message
+local function agent_host_file(arch, dp)
+  local S = core.sandbox
+  local dir = agent_dir(dp)
+  local known = host_files[dir .. "\0" .. arch]
+  if known then return known[1], known[2] end
+  local bin = agent_binary(arch)
+  if not bin then return nil, "this build of sbx carries no agent for " .. arch end
+  local hash = core.sigv4.sha256(bin):sub(1, 16)
+  local path = string.format("%s/sbx-agent-%s-%s", dir, arch, hash)
+  local cur = ""
+  for part in dir:gmatch("[^/]+") do
+    cur = cur .. "/" .. part
+    if not exists(cur) then
+      local ok, err, code = S.mkdir(cur, tonumber("700", 8))
+      if not ok and code ~= "EEXIST" then return nil, err end
+    end
+  end
+  local uid, st = S.ids(), S.stat(dir)
+  if not st or st.type ~= "dir" or st.uid ~= uid or st.mode & tonumber("022", 8) ~= 0 then
+    return nil, dir .. " is not a directory of this user's that only it may write"
+  end
+  local f = io.open(path, "rb")
+  local have = f and f:read("a")
+  if f then f:close() end
+  local fst = have == bin and S.stat(path)
+  if not (fst and fst.type == "file" and fst.uid == uid and fst.mode == tonumber("555", 8)) then
+    local ok, err = S.install(path, bin, tonumber("555", 8))
+    if not ok then return nil, err end
+  end
+  host_files[dir .. "\0" .. arch] = { path, hash }
+  return path, hash
+end
+
+-- agent_mount(d, spec) -> { source, target } | nil: the bind a new box gets,
+-- or none (the upload then): a daemon not on this host (a tcp address; a
+-- socket a user owns: a rootless daemon, a VM's), another architecture, a
+-- box whose own capabilities or mounts could undo a read-only bind.
+function agent_mount(d, spec, pol_)
+  local dp = type(pol_) == "table" and pol_.docker or pol()
+  if not dp.agent_bind or d.agent_bind == false or not d.unix_socket then return nil end
+  if d.agent_bind == nil then
+    local st = core.sandbox.stat(d.unix_socket)
+    d.agent_bind = (st and st.type == "socket" and st.uid == 0) and true or false
+    if not d.agent_bind then return nil end
+  end
+  local hc = spec.host_config or {}
+  if hc.Privileged or hc.Mounts ~= nil or hc.Binds ~= nil then return nil end
+  for _, list in ipairs { spec.cap_add or {}, type(hc.CapAdd) == "table" and hc.CapAdd or {} } do
+    for _, c in ipairs(list) do
+      local name = tostring(c):upper():gsub("^CAP_", "")
+      if name == "SYS_ADMIN" or name == "ALL" then return nil end
+    end
+  end
+  local facts = type(d.images[spec.image]) == "table" and d.images[spec.image] or {}
+  local arch = ARCH[facts.arch or "amd64"]
+  if not arch or arch ~= host_arch() then return nil end
+  local path, hash = agent_host_file(arch, dp)
+  if not path then return nil end
+  return { source = path, target = "/.sbx-agent-" .. hash }
+end
+
+-- Places a fresh sbx-agent for the image's architecture and runs it with
+-- args as root on an attached exec whose pipes are the channel: the
+-- host's read-only copy where the box has one (agent_mount), else a copy
+-- at a new random path each time (a copy left in the box is never
+-- trusted) through the archive API where the root is writable, else
+-- through a shell into a fresh temporary directory.
+-- -> channel, facts | nil, reason, code
 local function run_agent(h, opts, args)
   local d, deadline = h.daemon, opts.deadline
   if h.frozen then return nil, h.frozen.message, h.frozen.code end
@@ -940,7 +1040,9 @@ local function run_agent(h, opts, args)
   if not bin then return nil, "this build of sbx carries no agent for " .. arch, "unsupported" end
   local argv, preface
   local path = "/.sbx-agent-" .. string.format("%016x", math.random(0))
-  if not h.read_only then
+  if h.agent_bound then
+    argv = { h.agent_bound, table.unpack(args) }
+  elseif not h.read_only then
     local r, err, ecode = http.request {
       url = d.prefix .. "/containers/" .. h.id .. "/archive?path=/", method = "PUT",
       unix_socket = d.unix_socket, headers = { ["Content-Type"] = "application/x-tar" },
@@ -1026,7 +1128,17 @@ end
 function M.agent_channel(h, opts)
   local ch, facts, code = run_agent(h, opts, {})
   if not ch then return nil, facts, code end
-  return ch, false, { default_user = facts.user }
+  local extra = { default_user = facts.user }
+  if h.agent_bound then
+    -- The bound file would not run (a noexec mount, SELinux's labels): the
+    -- upload, for this box and the daemon's later ones.
+    extra.retry = function()
+      if not h.agent_bound then return false end
+      h.agent_bound, h.daemon.agent_bind = nil, false
+      return true
+    end
+  end
+  return ch, false, extra
 end
 
 -- agent_attach(handle, { name, deadline, pol }) -> channel | nil, reason,

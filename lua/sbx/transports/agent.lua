@@ -12,7 +12,9 @@
 -- authenticated (the channel is a PTY that other processes could write to).
 -- extra (optional): default_user, the user commands run as when they name
 -- none; env, a list of NAME=value every command gets unless its own env
--- sets the name (the box's environment). A backend may also provide
+-- sets the name (the box's environment); retry(), for a channel that ends
+-- before the agent's hello: true when the backend will place the agent
+-- another way on the next agent_channel (open asks once more). A backend may also provide
 -- oom_check(handle, job): asked after a command ended with SIGKILL's
 -- status, it sets job.oom_killed (and job.memory_limit) when the box's OOM
 -- killer did it.
@@ -585,7 +587,11 @@ function M.open(box, pol, into, by)
     local why = st.dead or "the agent did not say hello in time"
     local said = ch.captured and ch:captured("stderr") or ""
     if said ~= "" then why = why .. " (" .. said:gsub("%s+$", "") .. ")" end
+    local ended = st.dead ~= nil
     M.lost(st, why)
+    -- The channel ended before a hello (the agent never ran): a backend
+    -- with another way to place it says so (extra.retry), once.
+    if ended and extra.retry and extra.retry() then return M.open(box, pol, into, by) end
     return nil, why, "agent_unavailable"
   end
   st.hello_event = nil
