@@ -1,3 +1,4 @@
+-- needs: nothing
 -- The require graph of lua/sbx has no cycle (issue 18, item 2): a module is
 -- understood, tested and changed from the modules it requires, and a
 -- module that needs the ones above it is a module nobody can read alone.
