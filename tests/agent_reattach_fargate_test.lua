@@ -20,8 +20,21 @@ sbx.use_policy {
 
 -- The agent's own session is cut after 40 output messages; later sessions
 -- (the way back) are not.
+-- What the stand-in's sessions say (their pauses, acks and input) when a
+-- box could not be made, to tell a stall on the wire from a slow box.
+local function dump_sessions()
+  local st = standin:state()
+  for _, ses in pairs(st and st.sessions or {}) do
+    local keep = {}
+    for k, v in pairs(ses) do if type(v) ~= "table" then keep[#keep + 1] = k .. "=" .. tostring(v) end end
+    table.sort(keep)
+    tap.diag("stand-in session: " .. table.concat(keep, " "))
+  end
+end
+
 assert(standin:faults { drop_ws_after = 40, kill_on_drop = true })
-local box = assert(sbx.box { backend = "fargate", image = H.image, transport = "agent" })
+local box, berr = sbx.box { backend = "fargate", image = H.image, transport = "agent" }
+if not box then dump_sessions() error(berr) end
 assert(standin:faults { drop_ws_after = 0 })
 tap.is(box.transport, "agent", "a task on the agent")
 local st = box.tstate
@@ -93,6 +106,7 @@ do
     assert(standin:faults { drop_ws_on = "CUT-THE-SESSION-NOW", kill_on_drop = true })
     local cb, cerr = sbx.box { backend = "fargate", image = image, transport = "agent" }
     assert(standin:faults { drop_ws_on = sbx.json.null, kill_on_drop = false })
+    if not cb then dump_sessions() end
     tap.ok(cb ~= nil, "a second box, its session to be cut by a word in its output", tostring(cerr))
     if cb then
       local want_bytes = tonumber((H.sh("seq 1 300000 | wc -c"):match("%d+")))
