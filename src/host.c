@@ -419,19 +419,21 @@ sbx_drive(struct sbx_host *h, const int *flag)
     if (flag && *flag)
       return 0;
     if (h->interrupt_pending) {
-      int taken = h->interrupt_cancelled;
-      if (taken)
-        h->interrupt_pending = h->interrupt_cancelled = 0;
-      else
-        deliver_interrupt(h);
-      undelivered = 0;
-      run_ready(h);
       /* A signal was delivered when it was taken (sbx_host_poll_signals)
       ** to every wait pending then, this one among them if it was: a wait
-      ** begun after that (the cleanup the signal started) goes on. */
-      if (!taken || !flag)
-        return flag ? -1 : 0;
-      continue;
+      ** begun after that (the cleanup the signal started) goes on, and so
+      ** does a drain (sbx run's, after an interrupt: it waits for the
+      ** tasks' cleanup and the removal of their dropped boxes). */
+      if (h->interrupt_cancelled) {
+        h->interrupt_pending = h->interrupt_cancelled = 0;
+        undelivered = 0;
+        continue;
+      }
+      /* core.interrupt: delivered here, to every wait pending now. */
+      deliver_interrupt(h);
+      undelivered = 0;
+      run_ready(h);
+      return flag ? -1 : 0;
     }
     if (!flag && h->tasks_alive == 0 && h->detached == 0)
       return 0;
