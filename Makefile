@@ -46,7 +46,7 @@ LIB_SRCS  := src/host.c src/core.c src/fail.c src/http.c src/json.c src/stream.c
              src/capture.c src/embed.c src/sigv4.c src/ssm.c src/lines.c src/ws.c \
              src/demux.c src/hijack.c src/proc.c src/agent_proto.c src/sha256.c \
              src/agent_lua.c src/layer.c src/layer_lua.c src/sandbox.c src/pty_escape.c \
-             src/tar.c src/tar_lua.c src/deadline.c src/pattern.c
+             src/tar.c src/tar_lua.c src/deadline.c src/pattern.c src/random.c
 LUA_SRCS  := $(shell find lua/sbx -name '*.lua' | sort)
 # sbx-agent (agent/): a static program per architecture, carried inside
 # libsbx (agent_blob.S) so sbx can place it into any box. x86_64 with musl

@@ -19,7 +19,8 @@ static const struct {
   { "text", sbx_open_text },   { "sigv4", sbx_open_sigv4 }, { "ssm", sbx_open_ssm },
   { "lines", sbx_open_lines }, { "ws", sbx_open_ws },     { "proc", sbx_open_proc },
   { "agent", sbx_open_agent }, { "layer", sbx_open_layer },
-  { "sandbox", sbx_open_sandbox }, { "tar", sbx_open_tar }, { NULL, NULL },
+  { "sandbox", sbx_open_sandbox }, { "tar", sbx_open_tar }, { "random", sbx_open_random },
+  { NULL, NULL },
 };
 
 int

@@ -314,6 +314,62 @@ sbx_raise_cancelled(lua_State *L)
   return lua_error(L);
 }
 
+/*
+** core.is_cancel(e) -> "cancelled" | "interrupted" | "deadline" | nil: what
+** kind of stop an error is, if it is one of the host's own (above, and
+** deadline.c's): a task:cancel(), a signal or core.interrupt, a deadline
+** that ended. The one place that reads these messages back. A position
+** ("file.lua:12: ", from error() rethrowing the message) and anything after
+** the message's first line (a traceback) are allowed; other text before it
+** is not: a command's output that says "interrupted" is not a stop.
+*/
+static int
+core_is_cancel(lua_State *L)
+{
+  static const struct { const char *text; const char *kind; } kinds[] = {
+    { "cancelled", "cancelled" },
+    { "interrupted (signal ", "interrupted" },
+    { "deadline exceeded", "deadline" },
+  };
+  const char *s, *p;
+  size_t i, n;
+  if (lua_type(L, 1) != LUA_TSTRING) {
+    lua_pushnil(L);
+    return 1;
+  }
+  s = lua_tostring(L, 1);
+  /* Skip one "chunk:line: " position, as luaL_where writes it. */
+  for (p = s; *p && *p != '\n' && *p != ':'; p++) {
+  }
+  if (*p == ':' && p[1] >= '0' && p[1] <= '9') {
+    const char *q = p + 1;
+    while (*q >= '0' && *q <= '9')
+      q++;
+    if (q[0] == ':' && q[1] == ' ')
+      s = q + 2;
+  }
+  for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    n = strlen(kinds[i].text);
+    if (strncmp(s, kinds[i].text, n) == 0) {
+      const char *end = s + n;
+      if (kinds[i].kind[0] == 'i') {          /* "interrupted (signal N)" */
+        const char *digits = end;
+        while (*end >= '0' && *end <= '9')
+          end++;
+        if (end == digits || *end != ')')
+          continue;
+        end++;
+      }
+      if (*end == '\0' || *end == '\n') {
+        lua_pushstring(L, kinds[i].kind);
+        return 1;
+      }
+    }
+  }
+  lua_pushnil(L);
+  return 1;
+}
+
 /* ---------------------------------------------------------------- tasks */
 
 static void
@@ -1022,6 +1078,7 @@ static const luaL_Reg core_funcs[] = {
   { "handle_signals", core_handle_signals },
   { "xpcall", sbx_core_xpcall },
   { "interrupt", core_interrupt },
+  { "is_cancel", core_is_cancel },
   { "exit", core_exit },
   { "deadline", sbx_core_deadline },
   { "scheduler", sbx_core_scheduler },

@@ -21,5 +21,6 @@ int sbx_open_agent(lua_State *L);
 int sbx_open_layer(lua_State *L);
 int sbx_open_sandbox(lua_State *L);
 int sbx_open_tar(lua_State *L);
+int sbx_open_random(lua_State *L);
 
 #endif

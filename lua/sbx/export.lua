@@ -14,12 +14,7 @@ local function ordered(t, order)
   return setmetatable(t, { __jsonorder = order, __jsontype = "object" })
 end
 
-local function copy(v)
-  if type(v) ~= "table" then return v end
-  local c = {}
-  for k, x in pairs(v) do c[k] = copy(x) end
-  return setmetatable(c, getmetatable(v))
-end
+local copy = require("sbx.util").deep_copy
 
 -- The parameters schema for a definition; strict: all required, optionals nullable.
 function M.schema(def, strict, keep_additional)

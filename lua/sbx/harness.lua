@@ -459,7 +459,8 @@ local function task_body(sbx, box, task, res, gctx)
 end
 
 local function is_interrupt(e)
-  return type(e) == "string" and (e:match("^interrupted") or e:match("^cancelled")) ~= nil
+  local kind = core.is_cancel(e)
+  return kind == "interrupted" or kind == "cancelled"
 end
 
 -- The task's box: taken from the run's pool when its options equal the

@@ -88,7 +88,7 @@ function sbx.drain()
       -- it; its weak entry goes at the next cycle. Like a task already gone
       -- from spawned, it is not reported.
       -- After a signal every waiting task fails the same way: say it once.
-      if finished ~= nil and not (interrupted and tostring(msg):find("^interrupted")) then
+      if finished ~= nil and not (interrupted and core.is_cancel(msg) == "interrupted") then
         io.stderr:write("sbx: a task failed and nobody waited for it: ", tostring(msg), "\n")
       end
     end

@@ -8,24 +8,13 @@ box.clear_request, box.build_result: the same functions).
 ]]
 local core = require "sbx.core"
 local config = require "sbx.config"
+local util = require "sbx.util"
 
 local M = {}
 
--- math.random, seeded from the kernel once, when this module loads.
-do
-  local seed = io.open("/dev/urandom", "rb")
-  if seed then
-    local b = seed:read(8)
-    seed:close()
-    math.randomseed(string.unpack("<i8", b))
-  end
-end
-
--- random_id() -> 16 hex digits (math.random): a job's marker, a box's or a
--- session's name.
-function M.random_id()
-  return string.format("%016x", math.random(0))
-end
+-- random_id() -> 16 hex digits from the CSPRNG: a job's marker, a box's
+-- or a session's name (sbx.util.random_id).
+M.random_id = util.random_id
 
 -- Turns one captured stream into { head, tail, omitted, bytes }: the bytes
 -- the command wrote, as they came (text for a model is made from them by

@@ -19,8 +19,8 @@ local trace = os.getenv("SBX_MCP_TRACE") == "1"
 
 -- A cancelled call and a call ended by a signal get no answer and say nothing.
 local function quiet_end(e)
-  local msg = tostring(e)
-  return msg:find("^cancelled") or msg:find("^interrupted")
+  local kind = require("sbx.core").is_cancel(tostring(e))
+  return kind == "cancelled" or kind == "interrupted"
 end
 
 function M.serve(opts)

@@ -50,7 +50,8 @@ local KNOBS = { create_concurrency = true, backoff = true, max_age = true, lifet
 local OPTIONS = { "size", "box", "create_concurrency", "backoff", "max_age", "lifetime_margin" }
 
 local function is_stop(e)
-  return type(e) == "string" and (e:match("^interrupted") or e:match("^cancelled")) ~= nil
+  local kind = core.is_cancel(e)
+  return kind == "interrupted" or kind == "cancelled"
 end
 
 -- Equality of box options ----------------------------------------------------

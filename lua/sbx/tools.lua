@@ -236,7 +236,8 @@ function M.call(tools, name, args, ctx)
   if not res[1] then
     -- A cancelled or interrupted call is the caller's business, not the model's.
     local msg = tostring(res[2])
-    if msg:find("^cancelled") or msg:find("^interrupted") then error(res[2], 0) end
+    local kind = require("sbx.core").is_cancel(msg)
+    if kind == "cancelled" or kind == "interrupted" then error(res[2], 0) end
     -- A box method refusing what a handler passed on (a policy's own tool
     -- without a schema minimum): the model reads the reason, not where in
     -- sbx's Lua it was found.

@@ -7,6 +7,10 @@ requires only sbx.core (C), so any module may require it
   util.merge(dst, src)    -- src over dst in place: tables merge, lists replace
   util.model_text(s)      -- s as valid UTF-8 for a model, and how many bytes were not
   util.size(n)            -- "512 B", "1.5 MiB"
+  util.shell_quote(s)     -- one word for sh: single-quoted, ' written as '\''
+  util.hex(b)             -- bytes as lowercase hex digits
+  util.unhex(h)           -- lowercase hex digits as bytes | nil
+  util.random_id()        -- 16 hex digits from the CSPRNG (core.random): a marker or a name
 ]]
 local core = require "sbx.core"
 
@@ -55,6 +59,32 @@ function M.size(n)
   n = n or 0
   while n >= 1024 and i < #units do n, i = n / 1024, i + 1 end
   return i == 1 and string.format("%d B", n) or string.format("%.1f %s", n, units[i])
+end
+
+-- shell_quote(s) -> s as one word for sh, whatever bytes it holds:
+-- single-quoted, each ' written as '\''.
+function M.shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+-- hex(b) -> the bytes of b as lowercase hex digits.
+function M.hex(b)
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+-- unhex(h) -> the bytes h spells in lowercase hex digits | nil (odd length,
+-- another character).
+function M.unhex(h)
+  if #h % 2 ~= 0 or h:find("[^0-9a-f]") then return nil end
+  return (h:gsub("..", function(x) return string.char(tonumber(x, 16)) end))
+end
+
+-- random_id() -> 16 hex digits (64 bits) from OpenSSL's CSPRNG: a job's
+-- marker, a box's or a session's name. Never math.random: a command that
+-- sees markers could work out xoshiro's state and predict the next ones.
+-- Raises when OpenSSL has no random bytes (nothing sbx names is safe then).
+function M.random_id()
+  return assert(core.random.hex(8))
 end
 
 return M

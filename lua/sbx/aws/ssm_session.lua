@@ -28,8 +28,7 @@ local PAYLOAD = {
 M.PAYLOAD = PAYLOAD
 
 local function uuid()
-  local b = {}
-  for i = 1, 16 do b[i] = math.random(0, 255) end
+  local b = { assert(core.random.bytes(16)):byte(1, 16) }
   b[7] = (b[7] & 0x0f) | 0x40
   b[9] = (b[9] & 0x3f) | 0x80
   local h = string.format(string.rep("%02x", 16), table.unpack(b))

@@ -54,6 +54,7 @@ M.text_argv = "ECS ExecuteCommand takes the command as JSON text"
 
 local config = require "sbx.config"
 local core = require "sbx.core"
+local util = require "sbx.util"
 local json = core.json
 local owner = require "sbx.owner"
 local session_mod = require "sbx.aws.ssm_session"
@@ -559,28 +560,12 @@ end
 
 -- Commands ------------------------------------------------------------------------------------
 
--- One word for sh: single-quoted, with ' written as '\''.
-local function shq(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shq = util.shell_quote
 
--- The exit marker's secret: 128 bits from the kernel. Not box.random_id:
--- math.random is xoshiro, whose state a command could work out from the
--- SBX_JOB markers it sees in environments, and so predict the next secret.
-local urandom
+-- The exit marker's secret: 128 bits from the CSPRNG, never shown to the
+-- command (see the top of this file).
 local function new_secret()
-  if not urandom then
-    local err
-    urandom, err = io.open("/dev/urandom", "rb")
-    if not urandom then return nil, "cannot read /dev/urandom: " .. tostring(err) end
-  end
-  local b = urandom:read(16)
-  if not b or #b ~= 16 then
-    urandom:close()
-    urandom = nil
-    return nil, "short read from /dev/urandom"
-  end
-  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+  return core.random.hex(16)
 end
 
 -- The wrapper's sh -c string; id is the public per-command id of the ready

@@ -22,6 +22,7 @@ local M = {}
 
 local sbx_config = require "sbx.config"
 local core = require "sbx.core"
+local util = require "sbx.util"
 local json = core.json
 local http = require "sbx.http"
 local owner = require "sbx.owner"
@@ -601,10 +602,7 @@ local function delete(c, kind, name, timeout)
 end
 
 local function random_name(prefix)
-  local f = io.open("/dev/urandom", "rb")
-  local b = f and f:read(6) or tostring(math.random(0))
-  if f then f:close() end
-  return prefix .. (b:gsub(".", function(x) return string.format("%02x", x:byte()) end)):sub(1, 12)
+  return prefix .. assert(core.random.hex(6))
 end
 
 -- create(spec, policy) -> handle | nil, message, code
@@ -696,7 +694,7 @@ end
 local BOOT = 'IFS= read -r n || exit 125; s=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; ' ..
   's="$s$l\n"; n=$((n-1)); done; eval "$s"'
 
-local function shq(v) return "'" .. tostring(v):gsub("'", "'\\''") .. "'" end
+local shq = util.shell_quote
 
 local function command_script(h, req, v5, check_id)
   local setup = {}

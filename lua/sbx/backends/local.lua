@@ -95,11 +95,6 @@ local function make_dirs(path, mode)
   return true
 end
 
-local function random_hex(n)
-  local t = {}
-  for i = 1, n // 8 do t[i] = string.format("%08x", math.random(0, 0xffffffff)) end
-  return table.concat(t)
-end
 
 -- Linux's RLIMIT_* numbers (the same on x86_64 and aarch64), by the names
 -- Docker's ulimits use.
@@ -219,7 +214,7 @@ local function detect_cgroups(pol)
   return none
 end
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("sbx.util").shell_quote
 
 -- What the kernel lets a box have here, asked once of bubblewrap itself
 -- (as the box will ask): { userns = true | why, proc = true | why }.
@@ -1093,7 +1088,7 @@ end
 -- and waits for the box's options. A spare until a box takes it.
 local function new_launcher(root, progs, pol, id)
   local f = get_facts(pol)
-  id = id or random_hex(16)
+  id = id or assert(core.random.hex(8))
   local h = { id = id, dir = root .. "/boxes/" .. id, root = root, progs = progs, pol = pol }
   local ok, err, code = S.mkdir(h.dir, tonumber("700", 8))
   if ok then ok, err, code = S.mkdir(h.dir .. "/rw", tonumber("755", 8)) end

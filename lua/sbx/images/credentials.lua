@@ -39,9 +39,7 @@ local function matches(key, host, pol)
   return false
 end
 
-local function shell_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local shell_quote = require("sbx.util").shell_quote
 
 -- Runs docker-credential-NAME get for server. -> creds | nil | nil, message
 local function helper(name, server)

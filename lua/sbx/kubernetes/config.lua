@@ -243,7 +243,7 @@ function M.rfc3339(s)
   return t
 end
 
-local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shq = require("sbx.util").shell_quote
 
 local EXEC_VERSIONS = {
   ["client.authentication.k8s.io/v1"] = true,

@@ -36,6 +36,7 @@
 -- the box's pending commands fail with "agent_lost" and the next command
 -- places a fresh agent (never the copy left in the box).
 local core = require "sbx.core"
+local util = require "sbx.util"
 local A = core.agent
 
 local M = { name = "agent" }
@@ -73,13 +74,7 @@ local function fields(payload)
 end
 M.fields = fields
 
-local function random_bytes(n)
-  local f = io.open("/dev/urandom", "rb")
-  if not f then return nil end
-  local b = f:read(n)
-  f:close()
-  return b and #b == n and b or nil
-end
+local random_bytes = core.random.bytes
 
 -- Frames out ------------------------------------------------------------------------
 
@@ -349,11 +344,7 @@ end
 -- The attach handshake on a fresh relay (src/agent_proto.h, "Re-attach"):
 -- each side proves the key, says what it has, and the host sends again every
 -- kept frame the agent lacks.
-local function hex(b) return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end)) end
-local function unhex(h)
-  if #h % 2 ~= 0 or h:find("[^0-9a-f]") then return nil end
-  return (h:gsub("..", function(x) return string.char(tonumber(x, 16)) end))
-end
+local hex, unhex = util.hex, util.unhex
 
 local function handshake(st, ch, deadline)
   local buf = { "" }

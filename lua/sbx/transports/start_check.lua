@@ -14,7 +14,7 @@
 -- under any shell.
 local M = {}
 
-local function shq(v) return "'" .. tostring(v):gsub("'", "'\\''") .. "'" end
+local shq = require("sbx.util").shell_quote
 
 -- Shell lines (none holds a line end of its own outside quotes, so a
 -- caller may join them with newlines or "; "): change to req.cwd (when
