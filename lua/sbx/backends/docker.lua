@@ -532,7 +532,7 @@ function M.create(spec, pol_)
   local ok, ierr, icode = ensure_image(d, spec.image, spec.pull, deadline)
   if not ok then return nil, ierr, icode end
   if spec.disk then disk_quota(d) end
-  local name = spec.name or (spec.name_prefix .. string.format("%016x", math.random(0)):sub(1, 12))
+  local name = spec.name or (spec.name_prefix .. assert(core.random.hex(6)))
   local function remove(racing)
     -- After an aborted create the daemon may still be making the container:
     -- a 404 then means "not yet", so look again for a moment, and then
@@ -1039,7 +1039,7 @@ local function run_agent(h, opts, args)
   local bin = agent_binary(arch)
   if not bin then return nil, "this build of sbx carries no agent for " .. arch, "unsupported" end
   local argv, preface
-  local path = "/.sbx-agent-" .. string.format("%016x", math.random(0))
+  local path = "/.sbx-agent-" .. assert(core.random.hex(8))
   if h.agent_bound then
     argv = { h.agent_bound, table.unpack(args) }
   elseif not h.read_only then
