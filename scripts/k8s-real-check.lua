@@ -1,6 +1,6 @@
 -- k8s-real-check.lua: issue 16's Kubernetes items against a REAL cluster
 -- (kube-apiserver, kube-scheduler, kubelet, containerd), such as the
--- one-node cluster ../shared/tools/k8s-kit builds from source. CI has no
+-- one-node cluster scripts/k8s-kit builds from source. CI has no
 -- cluster: this is run by hand and its output is recorded in
 -- docs/kubernetes.md ("Checked against a real cluster").
 --

@@ -29,6 +29,16 @@ pmain(lua_State *L)
   int argc = (int)lua_tointeger(L, 1);
   char **argv = lua_touserdata(L, 2);
   int i;
+  /* SIGINT and SIGTERM are taken before anything else loads: a signal that
+  ** comes while the command line's modules load must still end the run and
+  ** its boxes (a job started from sh ignores SIGINT until a handler is
+  ** set, so one sent that early would otherwise be lost). */
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "sbx.core");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "handle_signals");
+  lua_call(L, 0, 0);
+  lua_pop(L, 1);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "sbx.cli");
   lua_call(L, 1, 1);

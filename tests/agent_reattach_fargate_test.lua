@@ -18,8 +18,6 @@ sbx.use_policy {
   agent = { reattach_timeout = 30, attach_timeout = 10 },
 }
 
--- The agent's own session is cut after 40 output messages; later sessions
--- (the way back) are not.
 -- What the stand-in's sessions say (their pauses, acks and input) when a
 -- box could not be made, to tell a stall on the wire from a slow box.
 local function dump_sessions()
@@ -32,6 +30,8 @@ local function dump_sessions()
   end
 end
 
+-- The agent's own session is cut after 40 output messages; later sessions
+-- (the way back) are not.
 assert(standin:faults { drop_ws_after = 40, kill_on_drop = true })
 local box, berr = sbx.box { backend = "fargate", image = H.image, transport = "agent" }
 if not box then dump_sessions() error(berr) end

@@ -161,7 +161,8 @@ local preload, evil_tar, tracer = build_preload(), dotdot_tar(), build_tracer()
 local saved = sbx.policy.grade.max_output_bytes
 sbx.policy.grade.max_output_bytes = 1024 * 1024
 
--- Docker, fresh check boxes (named: "auto" would pick the local backend).
+-- Docker, fresh check boxes. Named, not left to "auto": the suite's policy
+-- pins auto to Docker, but without it auto picks the local backend here.
 local s = harness.run { concurrency = 4, backend = "docker", box = { image = H.image }, progress = "none",
   tasks = attacks(preload, evil_tar, tracer) }
 expect("docker", by_id(s.results), preload, evil_tar, tracer)
