@@ -56,6 +56,28 @@ r = box:exec([[read -r p < /tmp/stopped-agent; read -r s < /proc/$p/stat && echo
 tap.is(r and r.stdout, "gone\n", "and so is the stopped agent")
 box:close()
 
+-- The clear itself (sbx.job.clear_request), run as a grandchild: it ends
+-- every other process of the box but spares its own ancestors (where a
+-- platform's agent runs the exec, as ECS Exec's session worker does) and
+-- processes whose command line starts with a prefix it is given (that
+-- agent's install directory).
+do
+  local cbox = H.box { image = H.busybox, transport = "exec" }
+  local req = require("sbx.job").clear_request { "/tmp/spare/" }
+  local quoted = {}
+  for i = 4, #req.argv do quoted[#quoted + 1] = "'" .. req.argv[i]:gsub("'", "'\\''") .. "'" end
+  local script = "mkdir -p /tmp/spare && cp /bin/busybox /tmp/spare/sleep\n" ..
+    "/tmp/spare/sleep 1006 </dev/null >/dev/null 2>&1 &\n" ..
+    "setsid sleep 1005 </dev/null >/dev/null 2>&1 &\n" ..
+    "sleep 0.2\n" ..
+    "sh -c \"$CLEAR\" " .. table.concat(quoted, " ") .. "\necho parent-lived\n"
+  local cr = cbox:exec(script, { shell = "sh", env = { CLEAR = req.argv[3] }, timeout = 60 })
+  tap.is(cr and cr.stdout, "0\nparent-lived\n", "the clear reports nothing left and its parent shell lives on")
+  tap.is(#H.procs_matching(cbox, "sleep 1005"), 0, "another process of the box is gone")
+  tap.is(#H.procs_matching(cbox, "^%d+ /tmp/spare/sleep 1006"), 1, "the process under the spared prefix lives")
+  cbox:close()
+end
+
 -- A confirmed kill still reads as one.
 local okbox = H.box { image = H.busybox, transport = "agent" }
 r = assert(okbox:exec("sleep 30", { timeout = 1 }))

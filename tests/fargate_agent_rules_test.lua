@@ -190,4 +190,41 @@ do
   tap.is(s and s.inputWhilePaused, 0, "and sbx sent no new input once it had read a pause")
 end
 
+-- ECS Exec's own processes live in the container beside the box's (ECS
+-- mounts the SSM agent at /ecs-execute-command-<uuid>/; the stand-in runs a
+-- process there and refuses ExecuteCommand once it is gone). A lost agent's
+-- box is cleared before a fresh agent is placed, and the clearing spares
+-- ECS Exec's processes, so commands still reach the box.
+local IN_BOX_SSM = "^%d+ /ecs%-execute%-command%-[^/]+/sleep "
+do
+  use()
+  local box <close> = assert(sbx.box { backend = "fargate", image = H.image, transport = "agent" })
+  tap.is(box.transport, "agent", "clear: a Fargate box on the agent transport")
+  tap.is(#H.procs_matching(box, IN_BOX_SSM), 1, "the stand-in's in-box SSM agent runs in the container")
+  local r, err, code = box:exec([[sup=$PPID; read -r s < /proc/$sup/stat; s=${s##*) }; set -- $s; agent=$2
+setsid sleep 1001 </dev/null >/dev/null 2>&1 &
+( sleep 1002 ) &
+kill -9 $sup; kill -9 $agent; sleep 30]], { timeout = 60, shell = "sh" })
+  tap.ok(r == nil and code == "agent_lost", "a command that kills its supervisor and the agent: agent_lost", err)
+  r, err = box:exec("echo fresh", { timeout = 60 })
+  tap.is(r and r.stdout, "fresh\n", "the next command runs on a fresh agent (" .. tostring(err) .. ")")
+  tap.is(#H.procs_matching(box, "sleep 100[12]"), 0, "nothing the lost agent's command left runs on (its detached sleep included)")
+  tap.is(#H.procs_matching(box, "^%d+ sleep 30"), 0, "nor the command itself")
+  tap.is(#H.procs_matching(box, IN_BOX_SSM), 1, "ECS Exec's agent was spared")
+end
+
+-- The stand-in is strict about it: a box whose in-box SSM agent was killed
+-- gets no new session (TargetNotConnectedException).
+do
+  use()
+  sbx.use_policy { fargate = { exec_connect_timeout = 1 } }
+  local box <close> = assert(sbx.box { backend = "fargate", image = H.image, transport = "exec" })
+  sbx.use_policy { fargate = { exec_connect_timeout = 30 } }
+  box:exec([[for p in /proc/[0-9]*; do c=; read -r c < $p/cmdline; case "$c" in /ecs-execute-command-*) kill -9 ${p#/proc/};; esac; done]],
+    { shell = "sh", timeout = 20 })
+  local r, err, code = box:exec("echo after")
+  tap.ok(r == nil and code == "TargetNotConnectedException",
+    "once the in-box SSM agent is gone, no command reaches the box (" .. tostring(code) .. ": " .. tostring(err) .. ")")
+end
+
 tap.done()

@@ -105,6 +105,22 @@ faults { cut_exec_after = 0 }
 tap.is(b:exec("echo again").stdout, "again\n", "agent: the next command places a fresh agent")
 b:close()
 
+-- A lost agent takes every process of the pod with it before the next
+-- command (backend.clear, over an exec): what its commands left, detached
+-- ones included; the pod's lifetime process lives.
+b = assert(box { transport = "agent" })
+r, err, code = b:exec([[sup=$PPID; read -r s < /proc/$sup/stat; s=${s##*) }; set -- $s; agent=$2
+setsid sleep 1001 </dev/null >/dev/null 2>&1 &
+( sleep 1002 ) &
+kill -9 $sup; kill -9 $agent; sleep 30]], { timeout = 60, shell = "sh" })
+tap.ok(r == nil and code == "agent_lost", "agent: a command that kills its supervisor and the agent: agent_lost", err)
+r, err = b:exec("echo fresh", { timeout = 60 })
+tap.is(r and r.stdout, "fresh\n", "agent: the next command runs on a fresh agent (" .. tostring(err) .. ")")
+tap.is(#H.procs_matching(b, "sleep 100[12]"), 0, "agent: nothing the lost agent's command left runs on (its detached sleep included)")
+tap.is(#H.procs_matching(b, "^%d+ sleep 30"), 0, "agent: nor the command itself")
+tap.is(#H.procs_matching(b, "^%d+ sleep %d+ $"), 1, "agent: the pod's lifetime process lives")
+b:close()
+
 -- Channel protocols: an API server of before 1.30 (v4 only), and v5 only.
 faults { exec_protocols = sbx.json.array { "v4" } }
 b = assert(box())

@@ -151,9 +151,14 @@ end
 -- (POSIX sh, builtins only: no fork of its own joins the list). It stops
 -- every other process, looks again until no new one appears (a stopped
 -- process cannot fork), kills them all, and prints how many are left
--- (processes that did not go: 0 when the box is clear).
+-- (processes that did not go: 0 when the box is clear). Spared besides:
+-- the script's own ancestors (where the exec runs under an in-box agent
+-- of the platform, such as ECS Exec's SSM agent and its session worker)
+-- and every process whose command line starts with one of the script's
+-- arguments (that agent's install directory; no blanks in a prefix).
 local CLEAR_SCRIPT = [[
 me=$$
+keep="$*"
 stat_of() {
   read -r line < "/proc/$1/stat" 2>/dev/null || return 1
   line=${line##*) }
@@ -171,11 +176,24 @@ case "$line" in
        if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
      done ;;
 esac
+ancestors=" "
+p=$me
+while stat_of "$p" && [ "$ppid" -gt 1 ]; do ancestors="$ancestors$ppid "; p=$ppid; done
+spared() {
+  case "$ancestors" in *" $1 "*) return 0;; esac
+  [ -n "$keep" ] || return 1
+  cmd=; read -r cmd < "/proc/$1/cmdline" 2>/dev/null
+  for k in $keep; do
+    case "$cmd" in "$k"*) return 0;; esac
+  done
+  return 1
+}
 others() {
   list=""
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
     [ "$pid" = "$me" ] || [ "$pid" = 1 ] || [ "$pid" = "$life" ] && continue
+    spared "$pid" && continue
     stat_of "$pid" || continue
     # A process of this very exec (the daemon's exec has PPid 0 in the box)
     # is only the script itself; zombies wait for their parent.
@@ -207,10 +225,14 @@ echo "$n"
 ]]
 
 -- The request a backend starts to end every process of a box but its
--- lifetime process (see CLEAR_SCRIPT). Small captures: it prints a count.
-function M.clear_request()
+-- lifetime process (see CLEAR_SCRIPT); keep: command-line prefixes of
+-- processes to spare (a platform's in-box agent). Small captures: it
+-- prints a count.
+function M.clear_request(keep)
+  local argv = { "sh", "-c", CLEAR_SCRIPT, "sh" }
+  for _, k in ipairs(keep or {}) do argv[#argv + 1] = k end
   return {
-    argv = { "sh", "-c", CLEAR_SCRIPT }, env = {}, user = "0",
+    argv = argv, env = {}, user = "0",
     capture = { stdout = { head = 256, tail = 0 }, stderr = { head = 1024, tail = 0 }, output = { head = 1024, tail = 0 } },
   }
 end

@@ -163,7 +163,7 @@ policy.agent = {
   -- boxes run; a harness that wants this turns it on.
   private_output = false,
   -- Seconds to end every process of a box whose agent was lost, before a
-  -- fresh agent is placed (where the backend can: Docker).
+  -- fresh agent is placed (backend.clear: Docker, Kubernetes, Fargate).
   clear_timeout = 10,
   ack_bytes = 256 * KiB,        -- bytes between acknowledgements (what each side keeps to send again)
 }
@@ -874,6 +874,12 @@ policy.fargate = {
   -- A command whose data channel drops is killed in the task, by a new
   -- session; tried this many times, this many seconds apart.
   drop_kill_attempts = 3, drop_kill_delay = 1,
+  -- Command-line prefixes of ECS Exec's own processes in the container:
+  -- ECS bind-mounts the SSM agent at /ecs-execute-command-<uuid>/ (older
+  -- platforms: /managed-agents/execute-command/) and runs it beside the
+  -- task's processes. Ending a box's processes (a lost agent, a spent
+  -- budget) spares these: without them no command reaches the box again.
+  exec_agent_paths = { "/ecs-execute-command-", "/managed-agents/" },
   started_by = "sbx",                   -- RunTask startedBy; the reaper lists tasks by it
   -- The SSM data channel.
   ssm = {

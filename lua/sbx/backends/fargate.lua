@@ -1053,6 +1053,32 @@ function M.kill(h, job, signal)
   return true
 end
 
+-- clear(handle, deadline) -> true | nil, message, code: ends every process
+-- of the task's container but its lifetime process and ECS Exec's own
+-- (fargate.exec_agent_paths; the session's shell is the script's ancestor
+-- and spared too): a lost agent's box before a fresh agent is placed, a
+-- box past its budget. ExecuteCommand runs as root, so every process of
+-- the box can be reached. A task cannot restart in place: processes that
+-- did not end (a box at its pids limit) are an error.
+function M.clear(h, deadline)
+  local req = require("sbx.job").clear_request(h.f.exec_agent_paths)
+  req.user, req.is_kill = nil, true
+  local kjob, err, code = M.start(h, req)
+  if not kjob then return nil, err, code end
+  local left = deadline and math.max(0.1, deadline - core.now()) or h.f.ssm.connect_timeout
+  if kjob.stream:wait(left) ~= "eof" then
+    kjob.stream:close()
+    if kjob.session then kjob.session:close() end
+    return nil, "ending the box's processes did not finish in time", "timeout"
+  end
+  local info = kjob.stream:info()
+  if info.error_code then return nil, info.error, info.error_code end
+  local n = tostring((kjob.stream:captured("stdout"))):match("(%d+)%s*$")
+  if kjob.exit_code == 0 and n == "0" then return true end
+  return nil, string.format("%s of the box's processes did not end (exit %s): %s", tostring(n or "some"),
+    tostring(kjob.exit_code), (kjob.stream:captured("output"))), "kill_failed"
+end
+
 -- restart(handle): a Fargate task cannot be restarted in place.
 function M.restart()
   return nil, "a Fargate box cannot be restarted in place; close it and create a new one", "unsupported"

@@ -855,6 +855,29 @@ function M.kill(h, job, signal, deadline)
   return true
 end
 
+-- clear(handle, deadline) -> true | nil, message, code: ends every process
+-- of the pod's container but its lifetime process (a lost agent's box,
+-- before a fresh agent is placed; a box past its budget), with
+-- box.clear_request over an exec. The exec runs as the container's user,
+-- which is every process of the box's user. A pod cannot restart in place,
+-- so processes that did not end (a box at its pids limit) are an error
+-- and the box is not used again.
+function M.clear(h, deadline)
+  local req = require("sbx.job").clear_request()
+  req.user, req.is_kill = nil, true
+  local kjob, err, code = M.start(h, req)
+  if not kjob then return nil, err, code end
+  local left = deadline and math.max(0.1, deadline - core.now()) or h.k.kill_timeout
+  if kjob.stream:wait(left) ~= "eof" then
+    kjob.ex:close()
+    return nil, "ending the box's processes did not finish in time", "timeout"
+  end
+  local n = tostring((kjob.stream:captured("stdout"))):match("^%s*(%d+)")
+  if kjob.exit_code == 0 and n == "0" then return true end
+  return nil, string.format("%s of the box's processes did not end (exit %s): %s", tostring(n or "some"),
+    tostring(kjob.exit_code), tostring(kjob.error or kjob.stream:captured("stderr"))), "kill_failed"
+end
+
 -- The agent's channel ------------------------------------------------------------------------------
 
 -- One exec stream without a TTY runs a small sh loader: it says the pod's
