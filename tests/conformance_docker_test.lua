@@ -1,9 +1,12 @@
 -- needs: docker
 -- The transport conformance suite (tests/conformance.lua) for docker/exec
--- and docker/agent: the same checks, one box per pair.
+-- and docker/agent: the same checks, one box per pair; then the lifecycle
+-- half (tests/lifecycle.lua).
 local tap = require "tap"
 local H = require "helper"
 local conformance = require "conformance"
+local lifecycle = require "lifecycle"
+local sbx = require "sbx"
 
 for _, transport in ipairs { "exec", "agent" } do
   local box = H.box { image = H.image, transport = transport }
@@ -12,4 +15,13 @@ for _, transport in ipairs { "exec", "agent" } do
   })
   box:close()
 end
+
+lifecycle.run(tap, "docker", function(opts)
+  opts.image = H.image
+  return sbx.box(opts)
+end, {
+  backend = "docker",
+  exists = function(b) return H.container(b.id) ~= nil end,
+  remove_behind = function(b) H.api("DELETE", "/containers/" .. b.id .. "?force=1") end,
+})
 tap.done()

@@ -7,6 +7,7 @@ local tap = require "tap"
 local H = require "helper"
 local sbx = require "sbx"
 local conformance = require "conformance"
+local lifecycle = require "lifecycle"
 
 local standin = assert(H.standin())
 sbx.use_policy { fargate = {
@@ -21,5 +22,9 @@ for _, transport in ipairs { "exec", "agent" } do
   })
   box:close()
 end
+lifecycle.run(tap, "fargate", function(opts)
+  opts.backend, opts.image = "fargate", H.image
+  return sbx.box(opts)
+end, { backend = "fargate" })
 standin:stop()
 tap.done()

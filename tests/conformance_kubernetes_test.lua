@@ -9,6 +9,7 @@ local H = require "helper"
 local K = require "k8s_helper"
 local sbx = require "sbx"
 local conformance = require "conformance"
+local lifecycle = require "lifecycle"
 
 local standin = assert(K.standin())
 sbx.use_policy { kubernetes = { kubeconfig = standin.kubeconfig } }
@@ -19,5 +20,9 @@ for _, transport in ipairs { "exec", "agent" } do
   })
   box:close()
 end
+lifecycle.run(tap, "kubernetes", function(opts)
+  opts.backend, opts.image = "kubernetes", H.image
+  return sbx.box(opts)
+end, { backend = "kubernetes" })
 standin:stop()
 tap.done()

@@ -26,8 +26,7 @@ local ALLOWED = {
 
 -- Files with a require of a computed name: the prefix it reaches, and why.
 local DYNAMIC = {
-  ["sbx.box"] = { "sbx.backends.", "the backend a box names (one contract)" },
-  ["sbx.pool"] = { "sbx.backends.", "the backend a pool's boxes name" },
+  ["sbx.backend"] = { "sbx.backends.", "the backend a box or a pool names, checked against the contract" },
   ["sbx.config"] = { "sbx.policies.", "a bundled policy by name (sbx.load_policy)" },
 }
 

@@ -2,21 +2,11 @@
 -- everywhere (option merging, the policy a box runs under, hooks and
 -- budgets, the exec loop with timeout and kill, output capture into
 -- results, background processes, files); a backend owns the box lifecycle
--- (create, destroy, restart, reap) and a transport (sbx.transports: the
--- contract is written there) runs its commands: "agent" over one channel
--- to sbx-agent, or "exec" through the backend's per-command functions.
--- Backends are modules under sbx.backends with this shape:
---   create(spec, pol) -> handle | nil, msg, code  destroy(handle, detached)
---   start(handle, req) -> job | nil, msg, code     finish(handle, job) -> exit_code | nil, msg, code
---   kill(handle, job, signal) -> true | nil, msg, code
---   restart(handle) -> true | nil, msg, code       reap(opts) -> report
---   options: box option name -> rule (sbx.policy_check), for the options
---   only this backend takes
---   limits(spec, pol) -> option -> { enforced = kind | false, note }: how
---   this backend enforces each isolation option for this spec; create may
---   add handle.limits once the daemon answered (the contract, and the rule
---   for what cannot be enforced, are in sbx.limits)
--- A job carries .stream, an object with the sbx.stream methods.
+-- (create, destroy, restart, reap: the contract is sbx.backend, written
+-- there once and checked when a backend loads) and a transport
+-- (sbx.transports: the contract is written there) runs its commands:
+-- "agent" over one channel to sbx-agent, or "exec" through the backend's
+-- per-command functions.
 --
 -- Policy: every call reads the box's policy (box:policy()): the live
 -- sbx.policy, or for a box made with sbx.box{ policy = overlay } that
@@ -90,10 +80,8 @@ function M.backend_name(name, opts, pol)
 end
 
 local function backend_module(name)
-  local ok, mod = pcall(require, "sbx.backends." .. name)
-  if not ok then
-    error(string.format("unknown backend '%s' (%s)", tostring(name), tostring(mod)), 3)
-  end
+  local ok, mod = pcall(require("sbx.backend").load, name)
+  if not ok then error(mod, 3) end
   return mod
 end
 

@@ -146,6 +146,70 @@ function M.kill_request(signal, job)
   }
 end
 
+-- run_helper(impl, handle, req, deadline, what) -> exit_code, job | nil,
+-- message, code: one of sbx's own requests (a kill, a clear) run to its end
+-- through a backend's per-command functions (start and finish of the
+-- backend contract, sbx.backend) by deadline. A backend whose commands
+-- start late (job.start_timeout and job.ready_at: an ECS Exec session
+-- waits before its first read) gets the same time counted from the start,
+-- as box.lua counts a command's timeout. Past it the request is abandoned
+-- (job.abandon() where the backend gives one, else its stream closed):
+-- "daemon_unresponsive", for nothing answered in time (what names the
+-- request in that message). The helper's output
+-- is in job.stream:captured(...).
+function M.run_helper(impl, handle, req, deadline, what)
+  if type(deadline) ~= "number" then error("run_helper needs a deadline", 2) end
+  req.is_kill = true        -- a helper's own dropped channel must not start another kill
+  local t0 = core.now()
+  local budget = math.max(0.1, deadline - t0)
+  req.deadline = req.deadline or t0 + budget
+  local job, err, code = impl.start(handle, req)
+  if not job then return nil, err, code end
+  while true do
+    local limit, poll = t0 + budget, nil
+    if job.start_timeout then
+      if job.ready_at then
+        limit = math.max(limit, job.ready_at + budget)
+      else
+        limit, poll = math.max(limit, t0 + job.start_timeout), job.ready_poll or 0.05
+      end
+    end
+    local left = limit - core.now()
+    local ev = left > 0 and job.stream:wait(poll and math.min(poll, left) or left) or "timeout"
+    if ev == "eof" then break end
+    if ev == "data" then job.stream:take() end
+    if ev == "timeout" and core.now() >= limit then
+      if job.abandon then job.abandon() else job.stream:close() end
+      return nil, string.format("%s did not finish in time", what or "sbx's own command in the box"),
+        "daemon_unresponsive"
+    end
+  end
+  local info = job.stream:info()
+  if info.error_code then
+    if impl.stream_error then return nil, impl.stream_error(handle, info) end
+    return nil, info.error, info.error_code
+  end
+  local exit_code, ferr, fcode = impl.finish(handle, job, deadline)
+  if exit_code == nil then return nil, ferr, fcode end
+  return exit_code, job
+end
+
+-- kill_by_exec(impl, handle, job, signal, deadline) -> true | nil, message,
+-- code: the kill of the exec transport, for every backend with
+-- per-command functions (a backend's own kill replaces it): kill_request
+-- run as another command, which must exit 0.
+function M.kill_by_exec(impl, handle, job, signal, deadline)
+  job.killed = true
+  local exit_code, kjob, code = M.run_helper(impl, handle, M.kill_request(signal, job), deadline,
+    "the kill command")
+  if exit_code == nil then return nil, kjob, code end
+  if exit_code ~= 0 then
+    return nil, string.format("the kill command failed (exit %s): %s", tostring(exit_code),
+      (kjob.stream:captured("output"))), "kill_failed"
+  end
+  return true
+end
+
 -- The in-box end of every process of a box but its own lifetime process
 -- (PID 1, or the first child of an init), for a box whose agent was lost
 -- (POSIX sh, builtins only: no fork of its own joins the list). It stops

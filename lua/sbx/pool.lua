@@ -290,8 +290,8 @@ function M.new(opts)
     pol = util.merge(util.deep_copy(config.policy), config.load(box.policy))
   end
   local bname = require("sbx.box").backend_name(box.backend or pol.box.backend, box, pol)
-  local bok, backend = pcall(require, "sbx.backends." .. tostring(bname))
-  if not bok then error(string.format("sbx.pool: unknown backend '%s' (%s)", tostring(bname), tostring(backend)), 2) end
+  local bok, backend = pcall(require("sbx.backend").load, bname)
+  if not bok then error("sbx.pool: " .. tostring(backend), 2) end
   local ok, msg = policy_check.box_options(box, backend)
   if not ok then error("sbx.pool: " .. msg, 2) end
   local spec = resolve(box)

@@ -297,7 +297,8 @@ function tracer.created(t0, spec, box, err, code)
     args = { backend = spec.backend, image = spec.image, workdir = spec.workdir, network = spec.network, env = env },
     duration = core.now() - t0,
   }
-  if box then rec.result = { id = box.id } else rec.error = { message = err, code = code } end
+  -- box.limits too: a replayed box reports what the recorded one did
+  if box then rec.result = { id = box.id, limits = box.limits or nil } else rec.error = { message = err, code = code } end
   write(st, rec)
 end
 

@@ -792,26 +792,6 @@ function M.finish(h, job, deadline)
   return nil, "the daemon did not report an exit code", "no_exit_code"
 end
 
--- kill(handle, job, signal) -> true | nil, message, code
-function M.kill(h, job, signal, deadline)
-  deadline = deadline or core.now() + pol().kill_timeout
-  local req = require("sbx.job").kill_request(signal, job)
-  local id, err, code = exec_create(h, req, deadline)
-  if not id then return nil, err, code end
-  local s = open_stream(h, id, req)
-  if s:wait(M.seconds_left(deadline, pol().kill_timeout)) ~= "eof" then
-    s:close()
-    return nil, "the kill command did not finish in time", "daemon_unresponsive"
-  end
-  local exit_code, ferr, fcode = M.finish(h, { id = id, stream = s }, deadline)
-  if exit_code ~= 0 then
-    local msg = s:captured("stderr")
-    if exit_code == nil then return nil, ferr, fcode end
-    return nil, string.format("the kill command failed (exit %d): %s", exit_code, msg), "kill_failed"
-  end
-  return true
-end
-
 -- cpu_seconds(handle, deadline) -> seconds | nil: the CPU time of every
 -- process the box ever ran (its cgroup's, as the daemon's stats report it;
 -- a restart starts it again at 0, so the highest seen is kept).
@@ -834,20 +814,14 @@ end
 -- restarted (every process dies, its files stay).
 function M.clear(h, deadline)
   if h.frozen then return nil, h.frozen.message, h.frozen.code end
-  local req = require("sbx.job").clear_request()
-  local id, err, code = exec_create(h, req, deadline)
-  if not id and (code == "daemon_unavailable" or code == "daemon_unresponsive" or code == "box_gone") then
-    return nil, err, code
+  local job_mod = require "sbx.job"
+  deadline = deadline or core.now() + pol().kill_timeout
+  local exit_code, kjob, code = job_mod.run_helper(M, h, job_mod.clear_request(), deadline,
+    "ending the box's processes")
+  if exit_code == nil and (code == "daemon_unavailable" or code == "daemon_unresponsive" or code == "box_gone") then
+    return nil, kjob, code
   end
-  if id then
-    local s = open_stream(h, id, req)
-    if s:wait(M.seconds_left(deadline, pol().kill_timeout)) == "eof" then
-      local exit_code = M.finish(h, { id = id, stream = s }, deadline)
-      if exit_code == 0 and (s:captured("stdout")):match("^0%s*$") then return true end
-    else
-      s:close()
-    end
-  end
+  if exit_code == 0 and (kjob.stream:captured("stdout")):match("^0%s*$") then return true end
   return M.restart(h, deadline)
 end
 

@@ -822,6 +822,8 @@ function M.start(h, req)
   }
   if not s then return nil, serr, scode end
   job.session = s
+  -- a helper past its deadline (sbx.job.run_helper) ends its session
+  job.abandon = function() sink:close() s:close() end
   h.sessions[s] = true
   core.spawn(function()
     local r = s:wait()
@@ -842,7 +844,7 @@ function M.start(h, req)
       if r.reason == "disconnected" and not h.destroyed and job.exit_code == nil and not req.is_kill then
         local kok, kerr
         for attempt = 1, h.f.drop_kill_attempts do
-          kok, kerr = M.kill(h, job, "KILL")
+          kok, kerr = require("sbx.job").kill_by_exec(M, h, job, "KILL", core.now() + h.f.ssm.connect_timeout)
           if kok or h.destroyed then break end
           if attempt < h.f.drop_kill_attempts then core.sleep(h.f.drop_kill_delay) end
         end
@@ -1033,26 +1035,6 @@ function M.finish(_, job)
   return nil, "the command ended without reporting its exit status (killed, or the shell wrapper could not run)", "no_exit_code"
 end
 
--- kill(handle, job, signal) -> true | nil, message, code
-function M.kill(h, job, signal)
-  local req = require("sbx.job").kill_request(signal, job)
-  req.is_kill = true              -- its own dropped channel must not start another kill
-  local kjob, err, code = M.start(h, req)
-  if not kjob then return nil, err, code end
-  if kjob.stream:wait(h.f.ssm.connect_timeout) ~= "eof" then
-    kjob.stream:close()
-    if kjob.session then kjob.session:close() end
-    return nil, "the kill command did not finish", "timeout"
-  end
-  local info = kjob.stream:info()
-  if info.error_code then return nil, info.error, info.error_code end
-  if kjob.exit_code ~= 0 then
-    return nil, string.format("the kill command failed (exit %s): %s", tostring(kjob.exit_code),
-      (kjob.stream:captured("output"))), "kill_failed"
-  end
-  return true
-end
-
 -- clear(handle, deadline) -> true | nil, message, code: ends every process
 -- of the task's container but its lifetime process and ECS Exec's own
 -- (fargate.exec_agent_paths; the session's shell is the script's ancestor
@@ -1061,22 +1043,16 @@ end
 -- the box can be reached. A task cannot restart in place: processes that
 -- did not end (a box at its pids limit) are an error.
 function M.clear(h, deadline)
-  local req = require("sbx.job").clear_request(h.f.exec_agent_paths)
-  req.user, req.is_kill = nil, true
-  local kjob, err, code = M.start(h, req)
-  if not kjob then return nil, err, code end
-  local left = deadline and math.max(0.1, deadline - core.now()) or h.f.ssm.connect_timeout
-  if kjob.stream:wait(left) ~= "eof" then
-    kjob.stream:close()
-    if kjob.session then kjob.session:close() end
-    return nil, "ending the box's processes did not finish in time", "timeout"
-  end
-  local info = kjob.stream:info()
-  if info.error_code then return nil, info.error, info.error_code end
+  local job_mod = require "sbx.job"
+  local req = job_mod.clear_request(h.f.exec_agent_paths)
+  req.user = nil
+  local exit_code, kjob, code = job_mod.run_helper(M, h, req, deadline or core.now() + h.f.ssm.connect_timeout,
+    "ending the box's processes")
+  if exit_code == nil then return nil, kjob, code end
   local n = tostring((kjob.stream:captured("stdout"))):match("(%d+)%s*$")
-  if kjob.exit_code == 0 and n == "0" then return true end
+  if exit_code == 0 and n == "0" then return true end
   return nil, string.format("%s of the box's processes did not end (exit %s): %s", tostring(n or "some"),
-    tostring(kjob.exit_code), (kjob.stream:captured("output"))), "kill_failed"
+    tostring(exit_code), (kjob.stream:captured("output"))), "kill_failed"
 end
 
 -- restart(handle): a Fargate task cannot be restarted in place.

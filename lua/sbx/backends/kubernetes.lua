@@ -781,7 +781,7 @@ local function pump(h, job, ex, sink, req)
   end
   local msg = "the exec stream ended without the command's exit status: " .. tostring(why)
   if not h.destroyed and not req.is_kill then
-    local kok, kerr = M.kill(h, job, "KILL")
+    local kok, kerr = require("sbx.job").kill_by_exec(M, h, job, "KILL", core.now() + h.k.kill_timeout)
     msg = msg .. (kok and "; the command was killed" or ("; killing the command failed: " .. tostring(kerr)))
   end
   job.error = msg
@@ -809,6 +809,8 @@ function M.start(h, req)
   h.streams[ex] = true
   local sink = core.stream.sink { capture = req.capture, chunks = req.chunks, chunk_limit = req.chunk_limit }
   local job = { stream = sink, marker = req.marker, ex = ex, check_id = require("sbx.job").random_id() }
+  -- a helper past its deadline (sbx.job.run_helper) ends its exec stream
+  job.abandon = function() ex:close() end
   local script = command_script(h, req, ex.v5, job.check_id)
   if not req.stdin or #req.stdin <= h.k.stdin_chunk then
     ex:send_stdin(script .. (req.stdin or ""))
@@ -835,26 +837,6 @@ function M.finish(_, job)
   return nil, job.error or "the command ended without an exit status", job.code or "no_exit_code"
 end
 
--- kill(handle, job, signal, deadline) -> true | nil, message, code: box.lua's
--- in-box kill, as another exec.
-function M.kill(h, job, signal, deadline)
-  job.killed = true
-  local req = require("sbx.job").kill_request(signal, job)
-  req.is_kill = true
-  local kjob, err, code = M.start(h, req)
-  if not kjob then return nil, err, code end
-  local left = deadline and math.max(0.1, deadline - core.now()) or h.k.kill_timeout
-  if kjob.stream:wait(left) ~= "eof" then
-    kjob.ex:close()
-    return nil, "the kill command did not finish in time", "timeout"
-  end
-  if kjob.exit_code ~= 0 then
-    return nil, string.format("the kill command failed (exit %s): %s", tostring(kjob.exit_code),
-      tostring(kjob.error or kjob.stream:captured("stderr"))), "kill_failed"
-  end
-  return true
-end
-
 -- clear(handle, deadline) -> true | nil, message, code: ends every process
 -- of the pod's container but its lifetime process (a lost agent's box,
 -- before a fresh agent is placed; a box past its budget), with
@@ -863,19 +845,16 @@ end
 -- so processes that did not end (a box at its pids limit) are an error
 -- and the box is not used again.
 function M.clear(h, deadline)
-  local req = require("sbx.job").clear_request()
-  req.user, req.is_kill = nil, true
-  local kjob, err, code = M.start(h, req)
-  if not kjob then return nil, err, code end
-  local left = deadline and math.max(0.1, deadline - core.now()) or h.k.kill_timeout
-  if kjob.stream:wait(left) ~= "eof" then
-    kjob.ex:close()
-    return nil, "ending the box's processes did not finish in time", "timeout"
-  end
+  local job_mod = require "sbx.job"
+  local req = job_mod.clear_request()
+  req.user = nil
+  local exit_code, kjob, code = job_mod.run_helper(M, h, req, deadline or core.now() + h.k.kill_timeout,
+    "ending the box's processes")
+  if exit_code == nil then return nil, kjob, code end
   local n = tostring((kjob.stream:captured("stdout"))):match("^%s*(%d+)")
-  if kjob.exit_code == 0 and n == "0" then return true end
+  if exit_code == 0 and n == "0" then return true end
   return nil, string.format("%s of the box's processes did not end (exit %s): %s", tostring(n or "some"),
-    tostring(kjob.exit_code), tostring(kjob.error or kjob.stream:captured("stderr"))), "kill_failed"
+    tostring(exit_code), (kjob.stream:captured("stderr"))), "kill_failed"
 end
 
 -- The agent's channel ------------------------------------------------------------------------------

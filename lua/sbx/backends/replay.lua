@@ -120,7 +120,7 @@ function M.create(spec)
 end
 
 function M.destroy() return true end
-function M.reap() return { removed = {}, kept = {} } end
+function M.reap() return { removed = {}, kept = 0 } end
 
 local function transport()
   return nil, "the replay backend answers box calls from its trace; it runs nothing", "unsupported"

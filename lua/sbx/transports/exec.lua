@@ -39,8 +39,12 @@ function M.finish(t, job, deadline)
   return t.box.impl.finish(t.box.handle, job, deadline)
 end
 
+-- The kill: kill_request run as another command of the backend
+-- (sbx.job.kill_by_exec), unless the backend has a kill of its own.
 function M.kill(t, job, signal, deadline)
-  return t.box.impl.kill(t.box.handle, job, signal, deadline)
+  local impl = t.box.impl
+  if impl.kill then return impl.kill(t.box.handle, job, signal, deadline) end
+  return require("sbx.job").kill_by_exec(impl, t.box.handle, job, signal, deadline)
 end
 
 function M.close() end
