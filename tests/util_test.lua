@@ -89,8 +89,20 @@ for i, w in ipairs(words) do
   tap.is(out, util.hex(w), "sh reads shell_quote's word " .. i .. " back byte for byte")
 end
 
+-- backoff: exponential, capped, full jitter; the bound without jitter.
+tap.is(util.backoff(1, 0.2, 5, false), 0.2, "backoff: the first retry's bound is base")
+tap.is(util.backoff(3, 0.2, 5, false), 0.8, "backoff: doubling per attempt")
+tap.is(util.backoff(10, 0.2, 5, false), 5, "backoff: capped")
+tap.is(util.backoff(3, 0.2, 5, function() return 0.5 end), 0.4, "backoff: full jitter scales the bound by random()")
+local lo, hi = math.huge, -1
+for _ = 1, 2000 do
+  local d = util.backoff(4, 0.1, 5)
+  lo, hi = math.min(lo, d), math.max(hi, d)
+end
+tap.ok(lo >= 0 and hi < 0.8 and hi > 0.6 and lo < 0.2, "backoff: math.random by default, spread over [0, bound)")
+
 -- One home: no module of lua/sbx reads /dev/urandom, draws names from
--- math.random or quotes for sh by itself.
+-- math.random, quotes for sh or computes an exponential backoff by itself.
 local offenders = {}
 local p = io.popen("find lua/sbx -name '*.lua' | sort")
 for path in p:lines() do
@@ -103,13 +115,13 @@ for path in p:lines() do
       ln = ln + 1
       local code = line:gsub("%-%-.*$", "")
       if code:find('io.open%("/dev/urandom"') or code:find("math%.random%(0%)")
-        or code:find([[gsub%("'", "'\\''"%)]]) then
+        or code:find([[gsub%("'", "'\\''"%)]]) or code:find("%* 2 %^ %(") then
         offenders[#offenders + 1] = path .. ":" .. ln
       end
     end
   end
 end
 p:close()
-tap.is(table.concat(offenders, ", "), "", "no copy of the random source or the sh quoting outside sbx.util")
+tap.is(table.concat(offenders, ", "), "", "no copy of the random source, the sh quoting or the backoff outside sbx.util")
 
 tap.done()

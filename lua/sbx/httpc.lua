@@ -8,6 +8,7 @@
 -- Failures of the environment return nil, message, code; misuse raises.
 -- Defaults (backoff, retried codes and statuses) come from policy.http.
 local core = require "sbx.core"
+local util = require "sbx.util"
 
 local http, json = require "sbx.http", core.json
 
@@ -78,7 +79,7 @@ function M.request(opts)
     if delay then
       delay = math.min(delay, max_ra)
     else
-      delay = M.random() * math.min(max, base * 2 ^ (attempt - 1))
+      delay = util.backoff(attempt, base, max, M.random)
     end
     close_body(r) -- a streamed head we will not use
     delays[#delays + 1] = delay

@@ -97,7 +97,7 @@ end
 local function backoff_delay(self, failures)
   local b, d = self.knobs.backoff or {}, config.policy.pool.backoff
   local base, max = b.base or d.base, b.max or d.max
-  return math.min(max, base * 2 ^ (failures - 1))
+  return util.backoff(failures, base, max, false)
 end
 
 -- The resolved spec, again after a policy change (sbx.use_policy).

@@ -79,6 +79,19 @@ function M.unhex(h)
   return (h:gsub("..", function(x) return string.char(tonumber(x, 16)) end))
 end
 
+-- backoff(attempt, base, cap [, random]) -> seconds: the delay before
+-- retry number attempt (1, 2, ...): exponential, capped, with full jitter,
+-- random(0, min(cap, base * 2^(attempt - 1))) (AWS Architecture Blog,
+-- "Exponential Backoff And Jitter"). random() -> [0, 1) is math.random
+-- unless given (a test's stub); random = false gives the bound itself
+-- (no jitter: a pool's pause after failed creations). The one home of
+-- every retry loop's delay.
+function M.backoff(attempt, base, cap, random)
+  local bound = math.min(cap, base * 2 ^ (attempt - 1))
+  if random == false then return bound end
+  return (random or math.random)() * bound
+end
+
 -- random_id() -> 16 hex digits (64 bits) from OpenSSL's CSPRNG: a job's
 -- marker, a box's or a session's name. Never math.random: a command that
 -- sees markers could work out xoshiro's state and predict the next ones.

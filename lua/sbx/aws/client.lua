@@ -509,7 +509,7 @@ end
 local function backoff(self, pol, attempt)
   local base = self.backoff_base or pol.backoff_base
   local cap = self.backoff_cap or pol.backoff_cap
-  return M.random() * math.min(cap, base * 2 ^ (attempt - 1))
+  return require("sbx.util").backoff(attempt, base, cap, M.random)
 end
 
 local function retryable(pol, status, code, transport)

@@ -26,6 +26,7 @@
 -- code ("timeout", "ECONNREFUSED", "closed", "tls", ...). Messages start
 -- with the registry and never carry a credential or a token.
 local core = require "sbx.core"
+local util = require "sbx.util"
 local ref = require "sbx.images.ref"
 local credentials = require "sbx.images.credentials"
 
@@ -182,7 +183,7 @@ function Client:_send(o)
       if delay then
         delay = math.min(delay, pol.max_retry_after)
       else
-        delay = M.random() * math.min(pol.backoff_cap, pol.backoff_base * 2 ^ (attempt - 1))
+        delay = util.backoff(attempt, pol.backoff_base, pol.backoff_cap, M.random)
       end
       close_body(r)
       if o.on_retry then o.on_retry(attempt, delay, r and r.status or code) end
@@ -394,7 +395,7 @@ function Client:blob_to_file(repo, digest, size, path, on_bytes)
       return nil, string.format("registry %s: blob %s: %s after %d bytes%s", self.domain, digest, failure, total,
         attempt > 1 and string.format(" (%d attempts)", attempt) or ""), fcode
     end
-    M.sleep(M.random() * math.min(pol.backoff_cap, pol.backoff_base * 2 ^ (attempt - 1)))
+    M.sleep(util.backoff(attempt, pol.backoff_base, pol.backoff_cap, M.random))
   end
 end
 

@@ -237,7 +237,7 @@ function Client:exec(ns, pod, container, argv, opts)
       refreshed = true
     elseif (status == 429 or status == 500 or status == 502 or status == 503 or status == 504 or wcode == "ECONNREFUSED")
         and attempt <= pol.retries and core.now() < deadline then
-      core.sleep(math.min(pol.backoff.max, pol.backoff.base * 2 ^ (attempt - 1)) * math.random())
+      core.sleep(require("sbx.util").backoff(attempt, pol.backoff.base, pol.backoff.max))
     else
       local code2 = status == 404 and "not_found" or status == 403 and "forbidden" or
         status == 401 and "unauthorized" or (status == 400 and "exec_failed") or
