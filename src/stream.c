@@ -79,6 +79,8 @@ struct stream {
   char error_code_buf[32];
   const char *error_code;      /* NULL, or error_code_buf */
   struct sbx_waiter *reader;
+  struct sbx_waiter *room;     /* a producer waiting for the queue to drain */
+  size_t room_limit;           /* ... to at most this many bytes */
   double started, ended;
 };
 
@@ -124,6 +126,21 @@ wake_reader(struct stream *s)
 {
   if (s->reader)
     sbx_wake(s->reader); /* detach clears s->reader */
+}
+
+static size_t
+queued(const struct stream *s)
+{
+  return s->pend[0].len + s->pend[1].len;
+}
+
+/* The producer in wait_room goes on once the reader took enough, or at
+** the end. */
+static void
+wake_room(struct stream *s)
+{
+  if (s->room && (s->eof || queued(s) <= s->room_limit))
+    sbx_wake(s->room); /* detach clears s->room */
 }
 
 static void
@@ -203,6 +220,7 @@ finish(struct stream *s, const char *code, const char *msg)
     sbx_capture_compact(&s->cap[i]);
   close_handle(s);
   wake_reader(s);
+  wake_room(s);
 }
 
 static int
@@ -607,8 +625,55 @@ stream_push(lua_State *L)
   }
   if (n)
     deliver(s, which == 0 ? 1 : 2, p, n);
-  lua_pushinteger(L, (lua_Integer)(s->pend[0].len + s->pend[1].len));
+  lua_pushinteger(L, (lua_Integer)queued(s));
   return 1;
+}
+
+static int
+room_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct stream_ud *ud = luaL_checkudata(L, 1, STREAM_MT);
+  struct stream *s = ud->s;
+  (void)status;
+  (void)ctx;
+  sbx_read_resumed(L);
+  if (!s || s->eof)
+    lua_pushliteral(L, "eof");
+  else if (queued(s) <= s->room_limit)
+    lua_pushliteral(L, "room");
+  else
+    lua_pushliteral(L, "timeout");
+  return 1;
+}
+
+/*
+** sink:wait_room(limit[, timeout]) -> "room" | "eof" | "timeout": waits until
+** the chunks queued for the reader are at most limit bytes (the reader took
+** them) or the stream ended. A producer's back-pressure without polling (an
+** SSM session's reader, a Kubernetes exec pump): it pushed past its limit,
+** so it stops reading its source until the reader caught up. One producer
+** waits at a time. May yield.
+*/
+static int
+stream_wait_room(lua_State *L)
+{
+  struct stream *s = check_stream(L);
+  lua_Integer limit = luaL_checkinteger(L, 2);
+  double timeout = luaL_optnumber(L, 3, -1);
+  luaL_argcheck(L, limit >= 0, 2, "limit must be at least 0");
+  luaL_argcheck(L, lua_isnoneornil(L, 3) || timeout >= 0, 3, "negative timeout");
+  lua_settop(L, 1);
+  if (s->eof) {
+    lua_pushliteral(L, "eof");
+    return 1;
+  }
+  if (queued(s) <= (size_t)limit) {
+    lua_pushliteral(L, "room");
+    return 1;
+  }
+  s->room_limit = (size_t)limit;
+  return sbx_await_read(L, &s->room, timeout, room_k,
+                        "another task is already waiting for room on this stream");
 }
 
 /* stream:finish([code, message]): the end of a sink, with an error if given. */
@@ -813,6 +878,7 @@ stream_take(lua_State *L)
   int raw = lua_toboolean(L, 2);
   push_take(L, s, CAP_STDOUT, raw);
   push_take(L, s, CAP_STDERR, raw);
+  wake_room(s);
   if (s->paused && !s->eof) {
     s->paused = 0;
     reading(s, 1);
@@ -1003,6 +1069,7 @@ stream_gc(lua_State *L)
   if (s) {
     ud->s = NULL;
     s->reader = NULL;
+    s->room = NULL;
     finish(s, NULL, NULL);
     stream_unref(s);
   }
@@ -1032,6 +1099,7 @@ static const luaL_Reg stream_methods[] = {
   { "close", stream_close },
   { "release", stream_release },
   { "push", stream_push },
+  { "wait_room", stream_wait_room },
   { "finish", stream_finish },
   { "write", stream_write },
   { "close_stdin", stream_close_stdin },

@@ -138,6 +138,8 @@ struct ws_conn {
   struct sbx_waiter *reader;
   /* sending */
   struct ws_queue tx, pings;
+  struct sbx_waiter *drainer;   /* a sender waiting for tx to drain ... */
+  size_t drain_limit;           /* ... to at most this many bytes */
   int close_wanted, out_code;
   char out_reason[124];
   size_t out_reason_len;
@@ -246,6 +248,15 @@ wake_reader(struct ws_conn *c)
     sbx_wake(c->reader); /* its detach clears c->reader */
 }
 
+/* The sender in wait_drained goes on once enough was written, or at the
+** end (nothing queued is written after it). */
+static void
+wake_drainer(struct ws_conn *c)
+{
+  if (c->drainer && (c->state == ST_CLOSED || c->tx.bytes <= c->drain_limit))
+    sbx_wake(c->drainer); /* its detach clears c->drainer */
+}
+
 /* The connect attempt failed: remembers why (the first reason wins). */
 static void
 connect_failed(struct ws_conn *c, const char *code, const char *fmt, ...)
@@ -305,6 +316,7 @@ conn_closed(struct ws_conn *c)
   q_clear(&c->tx);
   q_clear(&c->pings);
   wake_reader(c);
+  wake_drainer(c);
 }
 
 /*
@@ -466,6 +478,7 @@ writable(struct ws_conn *c, struct lws *wsi)
     c->bytes_out += (lua_Integer)m->len;
     free(q_pop(&c->tx));
     c->messages_out++;
+    wake_drainer(c);
   }
   else if (c->close_wanted) {
     /* lws 4.1 drops the close frame when this callback returns -1; a
@@ -902,6 +915,10 @@ ws_free(struct sbx_host *h)
       c->reader->source = NULL;
       c->reader = NULL;
     }
+    if (c->drainer) {
+      c->drainer->source = NULL;
+      c->drainer = NULL;
+    }
     if (c->state != ST_CLOSED) {
       c->state = ST_CLOSED;
       snprintf(c->end, sizeof c->end, "the host shut down");
@@ -1040,6 +1057,8 @@ ws_release(struct ws_ud *ud)
     c->op = NULL;
   }
   wake_reader(c);
+  if (c->drainer)
+    sbx_wake(c->drainer); /* its userdata let go: the wait ends */
   q_clear(&c->rx);
   free(c->asm_msg);
   c->asm_msg = NULL;
@@ -1453,6 +1472,48 @@ ws_buffered(lua_State *L)
   return 1;
 }
 
+static int
+drained_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct ws_ud *ud = luaL_checkudata(L, 1, WS_MT);
+  (void)status;
+  (void)ctx;
+  sbx_read_resumed(L);
+  if (!ud->c || ud->c->state == ST_CLOSED)
+    return sbx_pushfail(L, "closed", "the websocket was closed");
+  if (ud->c->tx.bytes <= ud->c->drain_limit) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  return sbx_pushfail(L, "timeout", "timeout");
+}
+
+/*
+** ws:wait_drained(limit[, timeout]) -> true | nil, "timeout", "timeout" |
+** nil, message, "closed": waits until at most limit bytes that send queued
+** are still unwritten. A sender's back-pressure without polling (stdin of a
+** Kubernetes exec). One sender waits at a time. May yield.
+*/
+static int
+ws_wait_drained(lua_State *L)
+{
+  struct ws_conn *c = check_ws(L);
+  lua_Integer limit = luaL_checkinteger(L, 2);
+  double timeout = luaL_optnumber(L, 3, -1);
+  luaL_argcheck(L, limit >= 0, 2, "limit must be at least 0");
+  luaL_argcheck(L, lua_isnoneornil(L, 3) || timeout >= 0, 3, "negative timeout");
+  lua_settop(L, 1);
+  if (c->state == ST_CLOSED)
+    return sbx_pushfail(L, "closed", "the websocket was closed");
+  if (c->tx.bytes <= (size_t)limit) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  c->drain_limit = (size_t)limit;
+  return sbx_await_read(L, &c->drainer, timeout, drained_k,
+                        "another coroutine is already waiting in wait_drained on this websocket");
+}
+
 /* ws:ping([payload]) -> true | nil, message, "closed" */
 static int
 ws_ping(lua_State *L)
@@ -1617,6 +1678,7 @@ static const luaL_Reg ws_funcs[] = {
 static const luaL_Reg ws_methods[] = {
   { "send", ws_send },
   { "buffered", ws_buffered },
+  { "wait_drained", ws_wait_drained },
   { "recv", ws_recv },
   { "ping", ws_ping },
   { "close", ws_close },

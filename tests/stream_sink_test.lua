@@ -50,4 +50,25 @@ tap.is(plain:info().error_code, nil, "no error code")
 tap.ok(not pcall(plain.push, plain, "stdin", "x"), "an unknown stream name raises")
 plain:close()
 tap.ok(pcall(plain.close, plain), "close twice does not raise")
+-- wait_room: a producer waits for the reader instead of polling.
+do
+  local q = core.stream.sink { chunks = true, capture = { stdout = { head = 0, tail = 0 } } }
+  tap.is(q:wait_room(0), "room", "wait_room: an empty queue has room at once")
+  q:push("stdout", string.rep("x", 1000))
+  tap.is(q:wait_room(1000), "room", "wait_room: a queue at the limit has room")
+  tap.is(q:wait_room(10, 0.05), "timeout", "wait_room: a reader that takes nothing holds the producer")
+  tap.checkerr("at least 0", q.wait_room, q, -1)
+  tap.checkerr("negative timeout", q.wait_room, q, 10, -1)
+  local taken = false
+  core.spawn(function() core.sleep(0.1) taken = true q:take() end)
+  tap.is(q:wait_room(10), "room", "wait_room: room once the reader took the queue")
+  tap.ok(taken, "and not before")
+  q:push("stdout", string.rep("y", 100))
+  local producer = sbx.spawn(function() return q:wait_room(10, 30) end)
+  sbx.sleep(0.02)
+  tap.checkerr("already waiting for room", q.wait_room, q, 10, 1)
+  q:finish()
+  tap.is(sbx.wait(producer), "eof", "wait_room: the end of the stream ends the wait")
+  tap.is(q:wait_room(0), "eof", "an ended stream: eof at once")
+end
 tap.done()

@@ -277,6 +277,12 @@ class Handler(socketserver.BaseRequestHandler):
                 i += 1
             c.send_frame(OP_TEXT, b"done")
             c.echo()
+        elif path == "/slowread":
+            # Reads nothing for ?delay= seconds (the TCP window fills), then
+            # reads and drops every message until the client closes (Closed).
+            time.sleep(float(q.get("delay", "1")))
+            while True:
+                c.recv_message()
         elif path == "/headers":
             c.send_frame(OP_TEXT, json.dumps(headers).encode())
             c.echo()

@@ -171,6 +171,39 @@ tap.ok(in_order, "2000 echoed messages arrive in the order sent")
 tap.is(c:ping("hi"), true, "ping is queued")
 tap.ok(eventually(function() return c:info().pongs >= 1 end), "the pong is counted")
 
+-- wait_drained: a sender's back-pressure without polling. 64 MiB is more
+-- than loopback's socket buffers hold, so a peer that reads nothing for a
+-- while holds most of it in the queue.
+do
+  local slow = assert(ws.connect { url = base .. "/slowread?delay=1.5" })
+  local msg = string.rep("d", 1024 * 1024)
+  for _ = 1, 64 do slow:send(msg) end
+  local ok, _, code = slow:wait_drained(0, 0.3)
+  tap.ok(ok == nil and code == "timeout",
+    "wait_drained: a peer that reads nothing holds the queue (" .. slow:buffered() .. " bytes unwritten)")
+  tap.checkerr("negative timeout", slow.wait_drained, slow, 0, -1)
+  tap.checkerr("at least 0", slow.wait_drained, slow, -1)
+  local waiter = sbx.spawn(function() return slow:wait_drained(0, 60) end)
+  sbx.sleep(0.05)
+  tap.checkerr("already waiting in wait_drained", slow.wait_drained, slow, 0, 1)
+  tap.is(sbx.wait(waiter), true, "wait_drained: true once the peer read it all")
+  tap.is(slow:buffered(), 0, "and nothing is left unwritten")
+  tap.is(slow:wait_drained(0), true, "an empty queue returns at once")
+  slow:close()
+  -- A connection that drops while a sender waits ends the wait.
+  local dropfile = os.tmpname()
+  local df = assert(io.open(dropfile, "w"))
+  df:write('[{"sleep": 0.5}, {"drop": true}]')
+  df:close()
+  local gone = assert(ws.connect { url = base .. "/script?file=" .. dropfile })
+  for _ = 1, 64 do gone:send(msg) end
+  local gok, _, gcode = gone:wait_drained(0, 30)
+  tap.ok(gok == nil and gcode == "closed", "wait_drained: a connection lost meanwhile ends the wait (closed)")
+  gone:close()
+  os.remove(dropfile)
+  os.remove(dropfile .. ".got")
+end
+
 -- Closing: the server sees our code and reason; recv and send report closed
 tap.is(c:close(4002, "done"), true, "close returns true")
 tap.is(c:close(), true, "close twice is harmless")

@@ -901,7 +901,6 @@ policy.fargate = {
     keepalive_interval = 300,
     max_message = 1024 * KiB,
     max_queue = 4 * MiB,
-    backpressure_poll = 0.01,
     kms_message = "sbx does not support KMS-encrypted ECS Exec sessions: remove kmsKeyId from the cluster's executeCommandConfiguration",
   },
 }

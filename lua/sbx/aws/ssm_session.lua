@@ -6,7 +6,9 @@
 -- the SessionType handshake (KMS declined), terminal size, pings and
 -- channel_closed. Every number comes from policy (policy.fargate.ssm).
 --
---   local s, err, code = ssm_session.open{ url=, token=, pol=, on_output=fn(bytes, payload_type), room=fn() }
+--   local s, err, code = ssm_session.open{ url=, token=, pol=, on_output=fn(bytes, payload_type), room=fn(timeout) }
+-- room(timeout) -> true when the reader of the output has room for more,
+-- waiting up to timeout seconds for it (false: still none).
 --   s:send(bytes) -> true | nil, msg, code     -- stdin bytes, sequenced, resent until acked
 --   s:wait([timeout]) -> result | nil          -- { reason, code?, message?, output?, exit_code? }
 --   s:close()                                  -- idempotent
@@ -263,7 +265,9 @@ function Session:read_loop()
     while not self.result do
       -- Back-pressure: while the reader of our output is behind, stop
       -- reading (and so stop acking); the agent holds and resends.
-      while self.room and not self.room() and not self.result do core.sleep(self.pol.backpressure_poll) end
+      -- (room(1) waits up to a second for it, so a session that ended
+      -- meanwhile is noticed)
+      while self.room and not self.result and not self.room(1) do end
       local data, kind, code = self.ws:recv()
       if not data then
         if not self.result then

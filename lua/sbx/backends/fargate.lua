@@ -815,9 +815,8 @@ function M.start(h, req)
         core.spawn(function() s:close() end)
       end
     end,
-    room = req.chunks and function()
-      local queued = sink:push("stdout", "")
-      return queued == nil or queued <= limit
+    room = req.chunks and function(timeout)
+      return sink:wait_room(limit, timeout) ~= "timeout"
     end or nil,
   }
   if not s then return nil, serr, scode end
@@ -943,9 +942,8 @@ local function run_agent(h, opts, args)
       if #said > 65536 then said = said:sub(-256) end
       if not ready:is_set() and #seen >= 512 then ready:set() go:set() end
     end,
-    room = function()
-      local queued = sink:push("stdout", "")
-      return queued == nil or queued <= opts.pol.agent.channel_buffer
+    room = function(timeout)
+      return sink:wait_room(opts.pol.agent.channel_buffer, timeout) ~= "timeout"
     end,
   }
   if not s then return nil, serr, scode end

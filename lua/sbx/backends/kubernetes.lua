@@ -742,12 +742,9 @@ local function pump(h, job, ex, sink, req)
         q = sink:push("stderr", data)
       end
       if q == nil then ex:close() h.streams[ex] = nil return end
-      if req.chunks then
-        while q and q > limit do
-          core.sleep(0.002)
-          q = sink:push("stdout", "")
-        end
-      end
+      -- Back-pressure: the reader is behind; stop reading the exec stream
+      -- (its TCP window then stops the server) until it caught up.
+      if req.chunks and q and q > limit then sink:wait_room(limit) end
     elseif ch == 3 then
       status = data
     end
@@ -821,7 +818,7 @@ function M.start(h, req)
       local chunk = h.k.stdin_chunk
       for pos = 1, #req.stdin, chunk do
         if not ex:send_stdin(req.stdin:sub(pos, pos + chunk - 1)) then return end
-        while ex:buffered() > 4 * chunk do core.sleep(0.002) end
+        if not ex:wait_drained(4 * chunk) then return end
       end
       -- v5 ends stdin here; on v4 head has read exactly its bytes.
       if ex.v5 then ex:close_stdin() end
@@ -892,7 +889,7 @@ local function run_agent(h, opts, args)
         if placed then
           local q = sink:push("stdout", data)
           if q == nil then break end
-          while q and q > limit do core.sleep(0.001) q = sink:push("stdout", "") end
+          if q and q > limit then sink:wait_room(limit) end
         else
           said = said .. data
           if said:find(AGENT_READY .. "[%w_]+__\n") then ready:set() end

@@ -294,6 +294,10 @@ end
 
 function Exec:buffered() return self.ws:buffered() end
 
+-- exec:wait_drained(limit[, timeout]) -> true | nil, message, code: until at
+-- most limit bytes of stdin are still unwritten (ws:wait_drained).
+function Exec:wait_drained(limit, timeout) return self.ws:wait_drained(limit, timeout) end
+
 function Exec:close() self.ws:close() end
 
 -- The exit code in a channel-3 Status: code | nil, message.
