@@ -6,7 +6,9 @@
 # before its first or after its last test line. A file fails when an
 # assertion fails, when its plan is missing or does not match what ran (it
 # stopped early), when it exits non-zero or times out, or when it ran no
-# assertion. The run ends with "N passed, N failed, N skipped".
+# assertion. A whole run (no PATTERN) that leaves the git checkout changed
+# (a file a test wrote into the tree) counts one more failure, clean_tree.
+# The run ends with "N passed, N failed, N skipped".
 #
 # Each test file (and each fuzz/fuzz_X.c, for its replay_X over the corpus)
 # says near its top what it needs beyond the build, in a
@@ -41,6 +43,16 @@ unit=${SBX_TEST_UNIT:-}
 
 passed=0 failed=0 skipped=0
 failures=() skips=() not_unit=()
+
+# The tree stays clean: what git sees as changed or untracked (ignored
+# files aside: build/, bench-out/, ...) is the same after the run as before
+# it, so no test leaves a file in the checkout. Outside a git checkout
+# there is nothing to compare.
+tree_state() {
+  [ -z "$pattern" ] && git rev-parse --is-inside-work-tree >/dev/null 2>&1 &&
+    git status --porcelain --untracked-files=all 2>/dev/null | sort
+}
+tree_before=$(tree_state || true)
 
 # needs_of FILE: the words of FILE's "needs:" line (among its first 30
 # lines), blank-separated; nothing when it says "nothing" or has none.
@@ -236,6 +248,14 @@ run_one agent_proto /usr/bin/python3 tests/agent_proto_test.py "$build"
 for f in tests/*_test.lua; do
   run_one "$(basename "$f" .lua)" "$build/sbx" run "$f"
 done
+
+tree_after=$(tree_state || true)
+if [ "$tree_before" != "$tree_after" ]; then
+  echo "# the run left the checkout changed (a test wrote into the tree):"
+  diff <(printf '%s\n' "$tree_before") <(printf '%s\n' "$tree_after") | sed -n 's/^> /#   /p'
+  failed=$((failed + 1))
+  failures+=("clean_tree")
+fi
 
 [ ${#not_unit[@]} -gt 0 ] && echo "# not in the unit run (they need docker, local, root or network): ${not_unit[*]}"
 [ ${#skips[@]} -gt 0 ] && echo "# skipped: ${skips[*]}"
