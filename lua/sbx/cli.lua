@@ -371,7 +371,7 @@ function commands.eval(args)
     return 1
   end
   if report then
-    local rok, rerr = harness.write_report(report, summary.all, { title = "sbx eval: " .. file })
+    local rok, rerr = require("sbx.report").write(report, summary.all, { title = "sbx eval: " .. file })
     if not rok then err("eval: cannot write the report: ", rerr) return 1 end
   end
   if summary.interrupted then
