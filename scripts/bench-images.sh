@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 SBX=${SBX:-build/sbx}
 [ -x "$SBX" ] || make -j2 >/dev/null
 echo "# $(uname -m), $(nproc) CPUs, kernel $(uname -r), user $(id -un), $(date -u +%FT%TZ)"
-LUA_PATH="$PWD/tests/?.lua;;" "$SBX" run scripts/bench/images.lua "${1:-5}"
-LUA_PATH="$PWD/tests/?.lua;;" "$SBX" run scripts/bench/images_shared.lua 3
+LUA_PATH="$PWD/tests/lib/?.lua;;" "$SBX" run scripts/bench/images.lua "${1:-5}"
+LUA_PATH="$PWD/tests/lib/?.lua;;" "$SBX" run scripts/bench/images_shared.lua 3

@@ -1,7 +1,7 @@
 -- needs: docker
--- The transport conformance suite (tests/conformance.lua) for docker/exec
+-- The transport conformance suite (tests/lib/conformance.lua) for docker/exec
 -- and docker/agent: the same checks, one box per pair; then the lifecycle
--- half (tests/lifecycle.lua).
+-- half (tests/lib/lifecycle.lua).
 local tap = require "tap"
 local H = require "helper"
 local conformance = require "conformance"

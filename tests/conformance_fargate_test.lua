@@ -1,5 +1,5 @@
 -- needs: docker, python3
--- The transport conformance suite (tests/conformance.lua) for fargate/exec
+-- The transport conformance suite (tests/lib/conformance.lua) for fargate/exec
 -- and fargate/agent, over the AWS stand-in (real containers, real PTYs).
 -- ECS Exec has one PTY per command: on the exec transport stderr arrives in
 -- stdout and there is no per-command user; the agent keeps them apart.

@@ -1,5 +1,5 @@
 -- needs: docker, python3
--- The transport conformance suite (tests/conformance.lua) for
+-- The transport conformance suite (tests/lib/conformance.lua) for
 -- kubernetes/exec and kubernetes/agent, over the Kubernetes stand-in (real
 -- containers, the exec subresource on a TLS websocket, client-certificate
 -- login). The exec subresource keeps stdout and stderr apart (no TTY) but

@@ -1,9 +1,9 @@
 -- needs: docker, local, root
--- The transport conformance suite (tests/conformance.lua) for local/agent,
--- as root and as the two unprivileged users (tests/local_helper.lua): a
+-- The transport conformance suite (tests/lib/conformance.lua) for local/agent,
+-- as root and as the two unprivileged users (tests/lib/local_helper.lua): a
 -- user with an /etc/subuid range (per-command users work), and one
 -- without (a box of a single id: per-command users cannot); then the
--- lifecycle half (tests/lifecycle.lua).
+-- lifecycle half (tests/lib/lifecycle.lua).
 local tap = require "tap"
 local L = require "local_helper"
 local conformance = require "conformance"

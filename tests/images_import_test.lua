@@ -5,7 +5,7 @@
 -- what is wrong; gzip bombs stop at policy.images.max_image_bytes and the
 -- cache's max_bytes while they unpack, leaving nothing half made; a hard
 -- link to a file of a lower layer works. Run as root, then as each
--- unprivileged test user (tests/local_helper.lua).
+-- unprivileged test user (tests/lib/local_helper.lua).
 local sbx = require "sbx"
 local t = require "tap"
 local H = require "helper"

@@ -1,6 +1,6 @@
 -- needs: nothing
--- The lifecycle half of the conformance suite (tests/lifecycle.lua) on the
--- backends that need no server: the fake one (tests/fake_backend.lua) and
+-- The lifecycle half of the conformance suite (tests/lib/lifecycle.lua) on the
+-- backends that need no server: the fake one (tests/lib/fake_backend.lua) and
 -- replay, over a trace recorded from fake boxes in this file. The real
 -- backends run it in their conformance_*_test.lua.
 local tap = require "tap"

@@ -53,9 +53,9 @@ tap.ok(#malformed == 0, "every need is a word (or python3:MODULE)", table.concat
 -- The runner on files made here ------------------------------------------------------
 local dir = os.tmpname()
 os.remove(dir)
-assert(os.execute("mkdir -p " .. q(dir .. "/tests/data")))
-assert(os.execute(string.format("cp tests/run.sh tests/tap.lua %s/tests/ && ln -s %s %s/build",
-  q(dir), q(os.getenv("PWD") .. "/build"), q(dir))))
+assert(os.execute("mkdir -p " .. q(dir .. "/tests/data") .. " " .. q(dir .. "/tests/lib")))
+assert(os.execute(string.format("cp tests/run.sh %s/tests/ && cp tests/lib/tap.lua %s/tests/lib/ && ln -s %s %s/build",
+  q(dir), q(dir), q(os.getenv("PWD") .. "/build"), q(dir))))
 local function write(name, text)
   local f = assert(io.open(dir .. "/tests/" .. name, "w"))
   f:write(text)

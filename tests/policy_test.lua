@@ -2,7 +2,7 @@
 -- Policy is Lua, all the way down, with no daemon: every data knob and every
 -- hook changes what the model reads; overrides reach hooks through the live
 -- policy; per-box overlays; validation at load; before_exec/after_exec and
--- budgets. Boxes come from tests/fake_backend.lua (the backend contract
+-- budgets. Boxes come from tests/lib/fake_backend.lua (the backend contract
 -- over core.stream.sink), so results go through the real capture code.
 local tap = require "tap"
 local sbx = require "sbx"
@@ -49,7 +49,7 @@ local box = assert(sbx.box { backend = "fake", respond = function() return { std
 io.write((sbx.tools.call(box:tools(), "bash", { command = "print 3000" })))
 ]])
   s:close()
-  local out, code = H.sh(string.format("cd %s && LUA_PATH='%s/tests/?.lua;;' %s --policy %s/F.lua run %s/script.lua",
+  local out, code = H.sh(string.format("cd %s && LUA_PATH='%s/tests/lib/?.lua;;' %s --policy %s/F.lua run %s/script.lua",
     os.getenv("PWD"), os.getenv("PWD"), H.sbx_bin, dir, dir))
   tap.is(code, 0, "sbx --policy F run: the script runs")
   tap.is(out, "0123456\n...[2986 bytes omitted; 3000 bytes in all]...\n3456789",

@@ -33,7 +33,7 @@ pattern=${2:-}
 export SBX_TEST_IMAGE=${SBX_TEST_IMAGE:-sbx-debian:12}
 export SBX_TEST_BUSYBOX=${SBX_TEST_BUSYBOX:-sbx-busybox:latest}
 export SBX_BIN="$PWD/$build/sbx"
-export LUA_PATH="$PWD/tests/?.lua;;"
+export LUA_PATH="$PWD/tests/lib/?.lua;;"   # tap, helpers, the fake backend, suites
 # backend = "auto" picks Docker in this suite wherever a daemon answers
 # (tests/data/suite_policy.lua); backend_auto_test.lua tries auto itself.
 export SBX_POLICY=${SBX_POLICY:-$PWD/tests/data/suite_policy.lua}

@@ -1,5 +1,5 @@
 -- The backend contract, written once. A backend is a module
--- sbx.backends.<name> (tests/fake_backend.lua is the smallest worked
+-- sbx.backends.<name> (tests/lib/fake_backend.lua is the smallest worked
 -- example; docs/architecture.md says how to add one). It owns a box's
 -- lifecycle; a transport (sbx.transports) runs the box's commands through
 -- the functions below. sbx.box and sbx.pool load a backend with load(),

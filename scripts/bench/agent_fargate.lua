@@ -2,7 +2,7 @@
 -- transport (the stand-in is started here; its "cloud" is this machine's
 -- dockerd, so these are sbx's own costs, not AWS's).
 --   sbx run scripts/bench/agent_fargate.lua [N]
-package.path = "tests/?.lua;" .. package.path
+package.path = "tests/lib/?.lua;" .. package.path
 local sbx = require "sbx"
 local H = require "helper"
 local n = tonumber(arg[1]) or 100

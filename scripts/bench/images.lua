@@ -3,7 +3,7 @@
 -- server, tests/images_registry.py), and a local box from that image once
 -- it is cached (pull = "missing": no registry contact). Prints a markdown
 -- table of medians.
---   LUA_PATH='tests/?.lua;;' sbx run scripts/bench/images.lua [N]
+--   LUA_PATH='tests/lib/?.lua;;' sbx run scripts/bench/images.lua [N]
 local sbx = require "sbx"
 local IH = require "images_helper"
 local images = require "sbx.images"

@@ -3,7 +3,7 @@
 -- daemon's sbx-debian:12 (exported once and unpacked once however many
 -- boxes wait for it). Prints a markdown table of medians and the ratio of
 -- eight boxes' wall time to one's; the exports and unpacks are counted.
---   LUA_PATH='tests/?.lua;;' sbx run scripts/bench/images_shared.lua [N] [IMAGE]
+--   LUA_PATH='tests/lib/?.lua;;' sbx run scripts/bench/images_shared.lua [N] [IMAGE]
 local sbx = require "sbx"
 local IH = require "images_helper"
 local images = require "sbx.images"

@@ -1,5 +1,5 @@
 -- The lifecycle half of the backend conformance suite (the command half is
--- tests/conformance.lua): the same checks of the backend contract
+-- tests/lib/conformance.lua): the same checks of the backend contract
 -- (lua/sbx/backend.lua) on every backend. A runner file gives a way to make
 -- a box and what the backend can show:
 --   require("lifecycle").run(tap, "docker", function(opts) return sbx.box(opts) end, {
