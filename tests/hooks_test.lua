@@ -8,9 +8,7 @@ local sbx = require "sbx"
 local H = require "helper"
 local json = sbx.json
 
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir))
+local dir = H.tmpdir()
 local pf = dir .. "/policy.lua"
 local f = assert(io.open(pf, "w"))
 f:write([[

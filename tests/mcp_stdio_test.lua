@@ -8,15 +8,9 @@ local H = require "helper"
 local sbx = require "sbx"
 local json = sbx.json
 
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir))
+local dir = H.tmpdir()
 
-local function write(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-end
+local write = H.write
 
 local function slurp(path)
   local f = io.open(path)

@@ -14,21 +14,9 @@ local sbx = require "sbx"
 local H = require "helper"
 local json = sbx.json
 
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir))
-local function write(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-end
-local function read(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local dir = H.tmpdir()
+local write = H.write
+local read = H.slurp
 -- A unique task id per run: boxes are found by their sbx.task label.
 local tag = string.format("lim%d%d", sbx.core.pid(), math.random(1e6))
 local function boxes_of(id)

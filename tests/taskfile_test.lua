@@ -9,14 +9,8 @@ local sbx = require "sbx"
 local H = require "helper"
 local json = sbx.json
 
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir))
-local function write(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-end
+local dir = H.tmpdir()
+local write = H.write
 
 local hostile = {
   { id = "binds", box = { host_config = { Binds = { "/:/host" } } }, run = "cat /host/etc/hostname", want = "host_config" },

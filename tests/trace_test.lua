@@ -6,9 +6,7 @@ local tap = require "tap"
 local H = require "helper"
 local sbx = require "sbx"
 
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir))
+local dir = H.tmpdir()
 local trace_path = dir .. "/trace.jsonl"
 
 -- The session, as source: run here on a real box and in the child on a

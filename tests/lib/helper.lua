@@ -106,13 +106,31 @@ end
 local function shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
+H.q = shell_quote
 
+-- H.slurp(path) -> the file's bytes | nil when it cannot be read.
 local function slurp(path)
-  local f = io.open(path)
+  local f = io.open(path, "rb")
   if not f then return nil end
   local s = f:read("a")
   f:close()
   return s
+end
+H.slurp = slurp
+
+-- H.write(path, text): the file holds text (raises when it cannot).
+function H.write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- H.tmpdir() -> a new empty directory of this test's own.
+function H.tmpdir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. shell_quote(dir)))
+  return dir
 end
 
 local Standin = {}

@@ -5,15 +5,9 @@
 local sbx = require "sbx"
 local K = {}
 
-local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shq = require("helper").q
 
-local function slurp(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local slurp = require("helper").slurp
 K.slurp = slurp
 
 function K.write(path, text, mode)
