@@ -51,6 +51,32 @@ function M.build_result(job, fields, pol)
   return r
 end
 
+-- What both in-box scripts below start with (POSIX sh, builtins only):
+-- stat_of PID sets ppid and start (in clock ticks since boot) from
+-- /proc/PID/stat (the command name, which may hold blanks and ")", cut
+-- off first); life is the box's own lifetime process, which no script
+-- ever signals: PID 1, or where PID 1 is an init (not the "sleep" that
+-- keeps a box alive), its oldest child.
+local BOX_PROCESSES = [[
+stat_of() {
+  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
+  line=${line##*) }
+  set -- $line
+  ppid=$2; start=${20}
+}
+life=1
+read -r line < /proc/1/stat
+case "$line" in
+  *"(sleep)"*) ;;
+  *) best=""
+     for p in /proc/[0-9]*; do
+       stat_of "${p#/proc/}" || continue
+       [ "$ppid" = 1 ] || continue
+       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
+     done ;;
+esac
+]]
+
 -- The in-box kill (POSIX sh: dash, bash and busybox ash; grep), for
 -- transports that run each command as its own exec. A job's processes are:
 --   * those whose environment carries the job's marker (SBX_JOB=<16 hex
@@ -74,25 +100,9 @@ local KILL_SCRIPT = [[
 sig=$1; m="SBX_JOB=$2"; age=${3:-0}; me=$$
 job=" "; refs=""; n=0
 in_job() { case "$job" in *" $1 "*) return 0;; esac; return 1; }
-stat_of() {
-  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
-  line=${line##*) }
-  set -- $line
-  ppid=$2; start=${20}
-}
+]] .. BOX_PROCESSES .. [[
 read up _ < /proc/uptime; up=${up%.*}${up#*.}
 since=$(( up - age - 50 ))
-life=1
-read -r line < /proc/1/stat
-case "$line" in
-  *"(sleep)"*) ;;
-  *) best=""
-     for p in /proc/[0-9]*; do
-       stat_of "${p#/proc/}" || continue
-       [ "$ppid" = 1 ] || continue
-       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
-     done ;;
-esac
 member() {
   [ "$ppid" = "$me" ] && return 1
   in_job "$ppid" && return 0
@@ -223,23 +233,7 @@ end
 local CLEAR_SCRIPT = [[
 me=$$
 keep="$*"
-stat_of() {
-  read -r line < "/proc/$1/stat" 2>/dev/null || return 1
-  line=${line##*) }
-  set -- $line
-  ppid=$2; start=${20}
-}
-life=1
-read -r line < /proc/1/stat
-case "$line" in
-  *"(sleep)"*) ;;
-  *) best=""
-     for p in /proc/[0-9]*; do
-       stat_of "${p#/proc/}" || continue
-       [ "$ppid" = 1 ] || continue
-       if [ -z "$best" ] || [ "$start" -lt "$best" ]; then best=$start; life=${p#/proc/}; fi
-     done ;;
-esac
+]] .. BOX_PROCESSES .. [[
 ancestors=" "
 p=$me
 while stat_of "$p" && [ "$ppid" -gt 1 ]; do ancestors="$ancestors$ppid "; p=$ppid; done
