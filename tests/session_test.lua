@@ -95,7 +95,12 @@ local function attacks(label, box, bash)
     if r.exit_code == 1 and r.stdout:find("mine " .. i .. "\n", 1, true) then right = right + 1 end
   end
   tap.is(right, 3, label .. ": with it writing, later commands keep their own status and output")
-  box:exec("pkill -f sbx-forger || kill $(grep -l sbx-forger /proc/[0-9]*/cmdline | cut -d/ -f3) 2>/dev/null; true")
+  -- (busybox has no pkill; "sbx-forge[r]" matches the forger and not this
+  -- script, its subshells or grep, whose command lines hold the pattern)
+  local gone = assert(box:exec([[for p in $(grep -l 'sbx-forge[r]' /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+      kill -9 "$p" 2>/dev/null; done; sleep 0.2
+    grep -l 'sbx-forge[r]' /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3]]))
+  tap.is(gone.stdout, "", label .. ": the forger is gone before the next check")
 
   -- Concurrent callers take turns.
   local tasks = {}
