@@ -7,7 +7,8 @@ local USAGE = [[
 usage: sbx [--policy FILE|NAME] COMMAND [ARGS...]
 
 commands:
-  run SCRIPT [ARGS...]   run a Lua script with the sbx module (arg holds ARGS)
+  run SCRIPT [ARGS...]   run a Lua script with the sbx module (the global sbx,
+                         and require "sbx"; arg holds ARGS)
   reap [--all] [--dry-run] [--backend B] [--cluster C] [--context X] [--namespace N]
                          remove boxes whose owner process is gone or whose
                          lifetime has passed (--all: every sbx box;
@@ -114,6 +115,9 @@ function commands.run(args)
   local chunk, lerr = loadfile(script, "t")
   if not chunk then err(lerr) return 1 end
   _G.arg = { [0] = script, table.unpack(args) }
+  -- A script run by sbx has the module as the global sbx (require "sbx"
+  -- gives the same table): the README's snippets run as written.
+  _G.sbx = sbx
   -- os.exit skips every cleanup: boxes are removed before it leaves.
   local exit = os.exit
   os.exit = function(...)
