@@ -70,10 +70,10 @@ extern char **environ;
 #endif
 
 #define CHUNK (256 * 1024)
-#define PIPE_SIZE (1024 * 1024)  /* F_SETPIPE_SZ: fewer, larger reads (best effort) */
-#define OUT_HIGH (1u << 20)      /* channel bytes queued or unacknowledged before pipes pause */
+#define PIPE_SIZE (1024 * 1024) /* F_SETPIPE_SZ: fewer, larger reads (best effort) */
+#define OUT_HIGH (1u << 20)     /* channel bytes queued or unacknowledged before pipes pause */
 #define MAX_JOBS 4096
-#define MAX_PENDING 4            /* connections proving the key at once */
+#define MAX_PENDING 4 /* connections proving the key at once */
 
 /* A byte buffer that grows. */
 struct buf {
@@ -120,15 +120,15 @@ struct job {
   uint32_t id;
   int kind;
   pid_t sup, pid;
-  int in_fd;                  /* command stdin (write end), -1 when closed */
-  int out_fd[3];              /* [1] stdout, [2] stderr read ends */
-  int status_fd;              /* supervisor's reports */
-  uint32_t unread[3];         /* sent, not yet credited */
-  double quiet_until;         /* a small read: the job's pipes gather until then
-                                 (both: the streams keep their relative order) */
-  struct buf in;              /* stdin not yet written */
-  int in_eof;                 /* STDIN_EOF arrived: close once in is empty */
-  uint64_t in_done;           /* stdin bytes written (for CREDIT) */
+  int in_fd;          /* command stdin (write end), -1 when closed */
+  int out_fd[3];      /* [1] stdout, [2] stderr read ends */
+  int status_fd;      /* supervisor's reports */
+  uint32_t unread[3]; /* sent, not yet credited */
+  double quiet_until; /* a small read: the job's pipes gather until then
+                         (both: the streams keep their relative order) */
+  struct buf in;      /* stdin not yet written */
+  int in_eof;         /* STDIN_EOF arrived: close once in is empty */
+  uint64_t in_done;   /* stdin bytes written (for CREDIT) */
   uint64_t in_acked;
   int exited, done;
   struct job *next;
@@ -136,15 +136,15 @@ struct job {
 
 /* A connection to the attach socket that has not proved the key yet. */
 struct pending {
-  int fd;                     /* -1: a free slot */
+  int fd; /* -1: a free slot */
   double until;
   uint8_t nonce[SBX_AP_NONCE];
-  uint8_t got[2 * (SBX_AP_NONCE + SBX_AP_PROOF + 8)];   /* hex */
+  uint8_t got[2 * (SBX_AP_NONCE + SBX_AP_PROOF + 8)]; /* hex */
   size_t n;
 };
 
 static struct {
-  int in, out;                /* the channel; -1 while detached */
+  int in, out; /* the channel; -1 while detached */
   int mac;
   uint8_t key[SBX_AP_KEY];
   uint64_t seq_in, seq_out;
@@ -157,15 +157,15 @@ static struct {
   struct buf tx;
   size_t tx_sent;
   uint64_t tx_abs;
-  uint64_t rx_pos, rx_acked;  /* bytes of whole frames taken from the host; last acknowledged */
-  uint32_t grace, ack_every;  /* from the host's HELLO */
-  int listen_fd;              /* the attach socket, or -1 */
+  uint64_t rx_pos, rx_acked; /* bytes of whole frames taken from the host; last acknowledged */
+  uint32_t grace, ack_every; /* from the host's HELLO */
+  int listen_fd;             /* the attach socket, or -1 */
   struct pending pend[MAX_PENDING];
-  double detached_since;      /* > 0: no channel, waiting for the host */
+  double detached_since; /* > 0: no channel, waiting for the host */
   struct job *jobs;
   int njobs;
   int sig_pipe[2];
-  int closing;                /* the channel ended for good */
+  int closing; /* the channel ended for good */
 } A;
 
 /* Output that trickles in small reads is left to gather for this long
@@ -222,7 +222,7 @@ send_frame(uint8_t type, uint32_t id, const void *a, size_t an, const void *b, s
   size_t before = A.tx.off;
   if (buf_reserve(&A.tx, SBX_AP_HEADER + len + SBX_AP_TAG) != 0)
     die("sbx-agent: out of memory");
-  A.tx_sent -= before - A.tx.off;   /* buf_reserve moved the kept bytes down */
+  A.tx_sent -= before - A.tx.off; /* buf_reserve moved the kept bytes down */
   uint8_t *h = A.tx.p + A.tx.len;
   sbx_ap_header(h, type, id, len);
   if (an)
@@ -430,8 +430,7 @@ close_others(const int *keep, int n)
 /* The user to run as: "name", "uid", "uid:gid" or "name:group". From the
 ** image's /etc/passwd and /etc/group: the agent links no NSS. */
 static int
-lookup_user(const char *spec, uid_t *uid, gid_t *gid, gid_t *groups, int *ngroups, char *name,
-            size_t namelen)
+lookup_user(const char *spec, uid_t *uid, gid_t *gid, gid_t *groups, int *ngroups, char *name, size_t namelen)
 {
   char user[256], group[256] = "", line[1024];
   const char *colon = strchr(spec, ':');
@@ -476,7 +475,8 @@ lookup_user(const char *spec, uid_t *uid, gid_t *gid, gid_t *groups, int *ngroup
     n = strtol(group, &end, 10);
     if (!*end) {
       *gid = (gid_t)n;
-    } else if ((f = fopen("/etc/group", "re"))) {
+    }
+    else if ((f = fopen("/etc/group", "re"))) {
       int ok = 0;
       while (fgets(line, sizeof line, f)) {
         char *s = line, *gname = strsep(&s, ":");
@@ -491,7 +491,8 @@ lookup_user(const char *spec, uid_t *uid, gid_t *gid, gid_t *groups, int *ngroup
       fclose(f);
       if (!ok)
         return -1;
-    } else {
+    }
+    else {
       return -1;
     }
   }
@@ -547,9 +548,9 @@ exec_path(char **argv, char **envp)
 
 /* What the supervisor tells the agent: a kind and a value. */
 struct report {
-  char kind;                /* 'P' pid, 'X' exit status; the command could not
-                            ** start (value: errno): 'D' its directory, 'U' its
-                            ** user, 'E' its exec */
+  char kind; /* 'P' pid, 'X' exit status; the command could not
+             ** start (value: errno): 'D' its directory, 'U' its
+             ** user, 'E' its exec */
   int32_t value;
 };
 
@@ -696,7 +697,8 @@ kill_tree(pid_t root, int sig)
       while ((e = readdir(d))) {
         pid_t id, ppid, bp;
         int k;
-        if (e->d_name[0] < '1' || e->d_name[0] > '9' || proc_entry(dfd, e->d_name, &id, &ppid, &bp) != 0 || bp <= 1)
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || proc_entry(dfd, e->d_name, &id, &ppid, &bp) != 0 ||
+            bp <= 1)
           continue;
         for (k = 0; k < n && members[k] != id; k++)
           ;
@@ -835,8 +837,7 @@ struct spawn_req {
 
 /* The child's last word when its command cannot start: which step (stage)
 ** and errno, on the CLOEXEC pipe its supervisor reads. */
-static void __attribute__((noreturn))
-start_failed(int fd, char stage, int err)
+static void __attribute__((noreturn)) start_failed(int fd, char stage, int err)
 {
   struct report why = { stage, err };
   ssize_t w = write(fd, &why, sizeof why);
@@ -861,7 +862,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
   sigaction(SIGUSR1, &sa, NULL);
   prctl(PR_SET_PDEATHSIG, SIGUSR1);
   if (getppid() != agent_pid)
-    agent_gone = 1;   /* the agent died before the death signal was armed */
+    agent_gone = 1; /* the agent died before the death signal was armed */
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, NULL);
   signal(SIGCHLD, SIG_DFL);
@@ -875,7 +876,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
   }
   if (cmd == 0) {
     int e = 0;
-    char stage = 'I';   /* its stdio */
+    char stage = 'I'; /* its stdio */
     close(errp[0]);
     close(status_w);
     setsid();
@@ -953,7 +954,7 @@ supervise(struct spawn_req *rq, int in_r, int out_w, int err_w, int status_w)
           kill_tree(getpid(), SIGKILL);
         continue;
       }
-      break;   /* ECHILD: the job's last process is gone */
+      break; /* ECHILD: the job's last process is gone */
     }
     if (p == cmd)
       report(status_w, 'X', WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
@@ -984,7 +985,8 @@ start_job(uint32_t id, struct spawn_req *rq)
   if ((rq->flags & SBX_AP_STDIN_PIPE) || rq->kind == KIND_WRITE) {
     if (pipe2(in_p, O_CLOEXEC) != 0)
       goto fail;
-  } else {
+  }
+  else {
     in_p[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in_p[0] < 0)
       goto fail;
@@ -1004,7 +1006,8 @@ start_job(uint32_t id, struct spawn_req *rq)
     shutdown(err_p[0], SHUT_WR);
     shutdown(out_p[1], SHUT_RD);
     shutdown(err_p[1], SHUT_RD);
-  } else if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
+  }
+  else if (pipe2(out_p, O_CLOEXEC) != 0 || pipe2(err_p, O_CLOEXEC) != 0) {
     goto fail;
   }
   if (pipe2(st_p, O_CLOEXEC) != 0)
@@ -1100,7 +1103,7 @@ on_spawn(const struct sbx_ap_frame *f, int kind)
         rq.mode = (uint32_t)n;
       break;
     default:
-      break;   /* a newer host's field: ignored */
+      break; /* a newer host's field: ignored */
     }
   }
   if (r < 0) {
@@ -1167,7 +1170,7 @@ on_frame(const struct sbx_ap_frame *f)
     return;
   case SBX_AP_STDIN:
     if (!j)
-      return;   /* finished meanwhile: its stdin is gone */
+      return; /* finished meanwhile: its stdin is gone */
     if (j->in_fd < 0) {
       send_u32(SBX_AP_CREDIT, j->id, f->len);
       return;
@@ -1192,7 +1195,8 @@ on_frame(const struct sbx_ap_frame *f)
       else if (j->pid > 0 && kill(-j->pid, sig) == 0)
         n = 1;
       send_u32(SBX_AP_KILLED, f->id, (uint32_t)n);
-    } else {
+    }
+    else {
       send_u32(SBX_AP_KILLED, f->id, 0);
     }
     return;
@@ -1206,7 +1210,7 @@ on_frame(const struct sbx_ap_frame *f)
     return;
   case SBX_AP_FORGET:
     if (j)
-      j->id = 0;   /* nothing more is sent for it; freed once its tree is gone */
+      j->id = 0; /* nothing more is sent for it; freed once its tree is gone */
     return;
   case SBX_AP_PING:
     /* The acknowledgement first: a host that pings right after its HELLO
@@ -1304,7 +1308,8 @@ read_status(struct job *j)
         j->pid = r.value;
         if (j->id)
           send_u32(SBX_AP_STARTED, j->id, (uint32_t)r.value);
-      } else if (r.kind == 'X') {
+      }
+      else if (r.kind == 'X') {
         j->exited = 1;
         if (j->id)
           send_u32(SBX_AP_EXIT, j->id, (uint32_t)r.value);
@@ -1406,7 +1411,7 @@ read_channel(void)
       continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       break;
-    ended = 1;   /* end of the channel: the frames before it still count */
+    ended = 1; /* end of the channel: the frames before it still count */
     break;
   }
   for (;;) {
@@ -1511,8 +1516,10 @@ listen_attach(void)
   sbx_ap_attach_name(A.key, name);
   alen = attach_address(&a, name);
   A.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (A.listen_fd < 0 || bind(A.listen_fd, (struct sockaddr *)&a, alen) != 0 || listen(A.listen_fd, MAX_PENDING) != 0) {
-    fprintf(stderr, "sbx-agent: no attach socket (%s): a dropped channel ends the commands\n", strerror(errno));
+  if (A.listen_fd < 0 || bind(A.listen_fd, (struct sockaddr *)&a, alen) != 0 ||
+      listen(A.listen_fd, MAX_PENDING) != 0) {
+    fprintf(stderr, "sbx-agent: no attach socket (%s): a dropped channel ends the commands\n",
+            strerror(errno));
     close_fd(&A.listen_fd);
     A.grace = 0;
   }
@@ -1631,11 +1638,12 @@ detach(const char *why)
     close(A.out);
   }
   A.in = A.out = -1;
-  A.rx.off = A.rx.len = 0;   /* a frame cut short comes again whole */
+  A.rx.off = A.rx.len = 0; /* a frame cut short comes again whole */
   if (A.grace && A.listen_fd >= 0) {
     A.tx_sent = A.tx.off;
     A.detached_since = now_s();
-  } else {
+  }
+  else {
     A.closing = 1;
     A.tx.off = A.tx.len = A.tx_sent = 0;
   }
@@ -1643,7 +1651,7 @@ detach(const char *why)
 
 /* Copies bytes both ways between (in, out) and sock until either side ends:
 ** the relay of "attach" and of the relay modes. Knows nothing of frames. */
-static int escape_out;   /* --escape: what goes to the channel is escaped (pty_escape.h) */
+static int escape_out; /* --escape: what goes to the channel is escaped (pty_escape.h) */
 
 static int
 relay(int in, int out, int sock)
@@ -1679,32 +1687,38 @@ relay(int in, int out, int sock)
         if (r > 0) {
           up_n = (size_t)r;
           up_off = 0;
-        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+        }
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
           in_open = 0;
         }
-      } else if (fds[i].fd == sock && (fds[i].events & POLLIN)) {
+      }
+      else if (fds[i].fd == sock && (fds[i].events & POLLIN)) {
         r = escape_out ? read(sock, raw, sizeof raw) : read(sock, down, CHUNK);
         if (r > 0) {
           down_n = escape_out ? sbx_pty_escape(raw, (size_t)r, down) : (size_t)r;
           down_off = 0;
-        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+        }
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
           sock_open = 0;
         }
-      } else if (fds[i].events & POLLOUT) {
+      }
+      else if (fds[i].events & POLLOUT) {
         int to_sock = fds[i].fd == sock && up_n > up_off;
-        r = to_sock ? write(sock, up + up_off, up_n - up_off) : write(out, down + down_off, down_n - down_off);
+        r =
+          to_sock ? write(sock, up + up_off, up_n - up_off) : write(out, down + down_off, down_n - down_off);
         if (r > 0) {
           if (to_sock)
             up_off += (size_t)r;
           else
             down_off += (size_t)r;
-        } else if (r < 0 && errno != EAGAIN && errno != EINTR) {
-          return 0;   /* that side is gone */
+        }
+        else if (r < 0 && errno != EAGAIN && errno != EINTR) {
+          return 0; /* that side is gone */
         }
       }
     }
     if (!in_open && up_n == up_off)
-      break;   /* the host went: the agent sees the end of this channel */
+      break; /* the host went: the agent sees the end of this channel */
     if (!sock_open && down_n == down_off)
       break;
   }
@@ -1843,7 +1857,8 @@ main(int argc, char **argv)
       die("sbx-agent: --proc-fd %s is not an open fd", argv[2]);
     /* The box's PID namespace and its depth in that /proc. */
     r = readlinkat(proc_fd, "self/ns/pid", proc_ns, sizeof proc_ns - 1);
-    if (r <= 0 || read_proc(proc_fd, "self/status", st, sizeof st) <= 0 || (proc_depth = nspid(st, -1, NULL)) < 1)
+    if (r <= 0 || read_proc(proc_fd, "self/status", st, sizeof st) <= 0 ||
+        (proc_depth = nspid(st, -1, NULL)) < 1)
       die("sbx-agent: cannot read the box's own entry in the /proc of --proc-fd");
     proc_ns[r] = 0;
     argc -= 2;
@@ -1974,14 +1989,31 @@ main(int argc, char **argv)
       if (!fds[i].revents)
         continue;
       switch (kinds[i]) {
-      case 0: reap(); break;
-      case 1: if (A.in >= 0 && A.in == fds[i].fd) read_channel(); break;
-      case 2: flush_tx(); break;
-      case 3: on_accept(); break;
-      case 11: pump_output(map[i], 1); break;
-      case 12: pump_output(map[i], 2); break;
-      case 20: read_status(map[i]); break;
-      case 30: write_stdin(map[i]); break;
+      case 0:
+        reap();
+        break;
+      case 1:
+        if (A.in >= 0 && A.in == fds[i].fd)
+          read_channel();
+        break;
+      case 2:
+        flush_tx();
+        break;
+      case 3:
+        on_accept();
+        break;
+      case 11:
+        pump_output(map[i], 1);
+        break;
+      case 12:
+        pump_output(map[i], 2);
+        break;
+      case 20:
+        read_status(map[i]);
+        break;
+      case 30:
+        write_stdin(map[i]);
+        break;
       default:
         if (kinds[i] >= 100 && A.pend[kinds[i] - 100].fd == fds[i].fd)
           on_pending(&A.pend[kinds[i] - 100]);

@@ -16,10 +16,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond))                                                             \
-      fuzz_fail(#cond, __FILE__, __LINE__);                                  \
+#define CHECK(cond)                                                                                          \
+  do {                                                                                                       \
+    if (!(cond))                                                                                             \
+      fuzz_fail(#cond, __FILE__, __LINE__);                                                                  \
   } while (0)
 
 static inline void
@@ -92,8 +92,8 @@ fuzz_cuts_next(struct fuzz_cuts *c, size_t left)
 struct fuzz_log {
   unsigned char *p;
   size_t len, cap;
-  size_t last;          /* offset of the last record's header */
-  int last_tag;         /* -1 before the first record */
+  size_t last;  /* offset of the last record's header */
+  int last_tag; /* -1 before the first record */
 };
 
 static inline void

@@ -132,7 +132,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *fr = fuzz_alloc(SBX_AP_HEADER + len + SBX_AP_TAG);
     struct sbx_ap_frame f;
     int used;
-    sbx_ap_header(fr, data[1] ? data[1] : 1, (uint32_t)n, len);   /* type 0 is padding */
+    sbx_ap_header(fr, data[1] ? data[1] : 1, (uint32_t)n, len); /* type 0 is padding */
     memcpy(fr + SBX_AP_HEADER, data + 1, len < n ? len : n);
     if (len > n)
       memset(fr + SBX_AP_HEADER + n, 0, len - n);

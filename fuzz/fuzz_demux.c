@@ -41,8 +41,7 @@ reference(const uint8_t *p, size_t n, int raw, struct fuzz_log *out)
     }
     if (n - i < SBX_DEMUX_HEADER)
       return 1;
-    len = (uint32_t)p[i + 4] << 24 | (uint32_t)p[i + 5] << 16 |
-          (uint32_t)p[i + 6] << 8 | p[i + 7];
+    len = (uint32_t)p[i + 4] << 24 | (uint32_t)p[i + 5] << 16 | (uint32_t)p[i + 6] << 8 | p[i + 7];
     take = n - i - SBX_DEMUX_HEADER < len ? n - i - SBX_DEMUX_HEADER : len;
     if (take)
       fuzz_log_add(out, p[i], p + i + SBX_DEMUX_HEADER, take);
@@ -55,8 +54,7 @@ reference(const uint8_t *p, size_t n, int raw, struct fuzz_log *out)
 
 /* Feeds p[0..n) in chunks from cuts (NULL: byte by byte). */
 static int
-run(const uint8_t *p, size_t n, int raw, struct fuzz_cuts *cuts,
-    struct fuzz_log *out)
+run(const uint8_t *p, size_t n, int raw, struct fuzz_cuts *cuts, struct fuzz_log *out)
 {
   struct sink k = { *out, 0 };
   struct sbx_demux d;
@@ -68,7 +66,7 @@ run(const uint8_t *p, size_t n, int raw, struct fuzz_cuts *cuts,
     sbx_demux_feed(&d, (const char *)p + off, m, record, &k);
     off += m;
   }
-  sbx_demux_feed(&d, "", 0, record, &k);    /* nothing in, nothing out */
+  sbx_demux_feed(&d, "", 0, record, &k); /* nothing in, nothing out */
   CHECK(d.hdr_len < SBX_DEMUX_HEADER);
   /* Headers are dropped, never invented: output never exceeds input. */
   CHECK(k.bytes <= n);

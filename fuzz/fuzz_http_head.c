@@ -15,15 +15,15 @@
 #include <string.h>
 
 struct result {
-  int rc;                    /* 0 or the first error */
+  int rc; /* 0 or the first error */
   enum sbx_hijack_state state;
   int status;
   long content_length;
   size_t head_len;
   const char *head;
-  struct fuzz_log body;      /* the error body kept (tag 0) */
+  struct fuzz_log body; /* the error body kept (tag 0) */
   size_t body_seen;
-  struct fuzz_log out;       /* stream output, tagged by stream */
+  struct fuzz_log out; /* stream output, tagged by stream */
 };
 
 static void
@@ -35,8 +35,7 @@ record(void *ud, int stream, const char *p, size_t n)
 
 /* Feeds p[0..n) as stream.c does; cuts NULL: byte by byte. */
 static void
-run(struct sbx_hijack *h, const uint8_t *data, size_t n, struct fuzz_cuts *cuts,
-    struct result *r)
+run(struct sbx_hijack *h, const uint8_t *data, size_t n, struct fuzz_cuts *cuts, struct result *r)
 {
   struct sbx_demux d;
   size_t off = 0;
@@ -64,8 +63,7 @@ run(struct sbx_hijack *h, const uint8_t *data, size_t n, struct fuzz_cuts *cuts,
         break;
       }
       /* Progress: a feed takes bytes unless the state has moved on. */
-      CHECK(used > 0 || h->state == SBX_HIJACK_STREAM ||
-            h->state == SBX_HIJACK_DONE);
+      CHECK(used > 0 || h->state == SBX_HIJACK_STREAM || h->state == SBX_HIJACK_DONE);
       p += used;
       m -= used;
     }
@@ -89,8 +87,7 @@ static int
 same(const struct result *a, const struct result *b)
 {
   return a->rc == b->rc && a->state == b->state && a->status == b->status &&
-         a->content_length == b->content_length &&
-         a->head_len == b->head_len &&
+         a->content_length == b->content_length && a->head_len == b->head_len &&
          (a->head_len == 0 || memcmp(a->head, b->head, a->head_len) == 0) &&
          fuzz_log_equal(&a->body, &b->body) && a->body_seen == b->body_seen &&
          fuzz_log_equal(&a->out, &b->out);
@@ -159,8 +156,7 @@ ref_length(const char *s, size_t n)
   for (i = 0; i + 1 < n; i++) {
     size_t j, digits = 0;
     long v = 0;
-    if (s[i] != '\r' || s[i + 1] != '\n' ||
-        !ci_prefix(s + i + 2, n - i - 2, "content-length:"))
+    if (s[i] != '\r' || s[i + 1] != '\n' || !ci_prefix(s + i + 2, n - i - 2, "content-length:"))
       continue;
     j = i + 2 + strlen("content-length:");
     while (j < n && (s[j] == ' ' || s[j] == '\t'))
@@ -222,11 +218,8 @@ reference(const uint8_t *data, size_t n, struct result *r, char *head)
     take = (size_t)r->content_length;
   r->body_seen = take;
   if (take)
-    fuzz_log_add(&r->body, 0, s + end,
-                 take < SBX_HIJACK_BODY_MAX ? take : SBX_HIJACK_BODY_MAX);
-  r->state = r->content_length > 0 && (size_t)r->content_length <= rest
-               ? SBX_HIJACK_DONE
-               : SBX_HIJACK_BODY;
+    fuzz_log_add(&r->body, 0, s + end, take < SBX_HIJACK_BODY_MAX ? take : SBX_HIJACK_BODY_MAX);
+  r->state = r->content_length > 0 && (size_t)r->content_length <= rest ? SBX_HIJACK_DONE : SBX_HIJACK_BODY;
 }
 
 /* }====== */
@@ -234,7 +227,7 @@ reference(const uint8_t *data, size_t n, struct result *r, char *head)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-  static struct sbx_hijack h1, h2, h3;   /* 16 KiB each: not on the stack */
+  static struct sbx_hijack h1, h2, h3; /* 16 KiB each: not on the stack */
   static char head[SBX_HIJACK_HEAD_MAX];
   struct fuzz_cuts cuts, whole = { NULL, 0, 0 };
   struct result ref, a, b, c;

@@ -19,8 +19,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   struct fuzz_cuts cuts;
   struct sbx_pty_unescape d;
   size_t n = fuzz_cuts_init(&cuts, data, size), elen, olen, got, off = 0, efs = 0, i;
-  unsigned char *enc = fuzz_alloc(2 * n + 1), *out = fuzz_alloc(2 * n + 1),
-                *re = fuzz_alloc(2 * n + 1);
+  unsigned char *enc = fuzz_alloc(2 * n + 1), *out = fuzz_alloc(2 * n + 1), *re = fuzz_alloc(2 * n + 1);
   int rc;
 
   for (i = 0; i < n; i++)
@@ -54,7 +53,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   if (rc == 0) {
     size_t want = n - (sbx_pty_unescape_done(&d) ? 0 : 1);
     CHECK(sbx_pty_escape(out, olen, re) == want && memcmp(re, data, want) == 0);
-  } else {
+  }
+  else {
     int found = 0;
     for (i = 0; i + 1 < n; i++)
       found |= data[i] == 0xEF && data[i + 1] != 0x30;

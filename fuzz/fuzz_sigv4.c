@@ -18,7 +18,7 @@
 **     pieces, its signature 64 hex digits found in the Authorization (or
 **     the presigned query), and no output ever holds the secret key.
 */
-#define _GNU_SOURCE   /* memmem */
+#define _GNU_SOURCE /* memmem */
 #include "fuzz.h"
 #include "sigv4.h"
 
@@ -30,9 +30,8 @@
 static int
 unreserved(unsigned char c)
 {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.' ||
-         c == '~';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.' || c == '~';
 }
 
 static int
@@ -50,8 +49,7 @@ encoded_ok(const char *s, size_t n, const char *extra)
     unsigned char c = (unsigned char)s[i];
     if (unreserved(c) || (c && strchr(extra, c)))
       continue;
-    if (c != '%' || i + 2 >= n || !upper_hex((unsigned char)s[i + 1]) ||
-        !upper_hex((unsigned char)s[i + 2]))
+    if (c != '%' || i + 2 >= n || !upper_hex((unsigned char)s[i + 1]) || !upper_hex((unsigned char)s[i + 2]))
       return 0;
     i += 2;
   }
@@ -88,8 +86,7 @@ check_uri(const char *path, unsigned flags)
 {
   char *enc = NULL, *raw = NULL, *again = NULL, *dec;
   int rc = sbx_sigv4_canonical_uri(path, flags, &enc);
-  int rc2 = sbx_sigv4_canonical_uri(path, flags | SBX_SIGV4_NO_ENCODE_PATH,
-                                    &raw);
+  int rc2 = sbx_sigv4_canonical_uri(path, flags | SBX_SIGV4_NO_ENCODE_PATH, &raw);
   CHECK((rc == 0) == (!*path || path[0] == '/'));
   CHECK(rc2 == rc);
   if (rc) {
@@ -178,8 +175,8 @@ check_query(const char *query)
 static int
 tchar(unsigned char c)
 {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-         (c >= '0' && c <= '9') || (c && strchr("!#$%&'*+-.^_`|~", c));
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c));
 }
 
 static int
@@ -248,9 +245,8 @@ check_headers(const struct sbx_sigv4_header *h, size_t n)
 static void
 check_secret(const struct sbx_sigv4_result *r)
 {
-  const char *f[] = { r->canonical_request, r->string_to_sign,
-                      r->credential_scope, r->signed_headers, r->payload_hash,
-                      r->signature, r->authorization, r->query };
+  const char *f[] = { r->canonical_request, r->string_to_sign, r->credential_scope, r->signed_headers,
+                      r->payload_hash,      r->signature,      r->authorization,    r->query };
   size_t i;
   for (i = 0; i < sizeof f / sizeof f[0]; i++)
     CHECK(!f[i] || strstr(f[i], SECRET) == NULL);
@@ -260,9 +256,8 @@ check_secret(const struct sbx_sigv4_result *r)
 static int secret_in_input;
 
 static void
-check_sign(const char *method, const char *path, const char *query,
-           const struct sbx_sigv4_header *h, size_t n, unsigned flags,
-           const char *body)
+check_sign(const char *method, const char *path, const char *query, const struct sbx_sigv4_header *h,
+           size_t n, unsigned flags, const char *body)
 {
   struct sbx_sigv4_config cfg;
   struct sbx_sigv4_request req;
@@ -305,10 +300,8 @@ check_sign(const char *method, const char *path, const char *query,
   CHECK(sbx_sigv4_canonical_uri(path, cfg.flags, &uri) == 0);
   {
     size_t ml = strlen(method), ul = strlen(uri);
-    CHECK(strncmp(r1.canonical_request, method, ml) == 0 &&
-          r1.canonical_request[ml] == '\n');
-    CHECK(strncmp(r1.canonical_request + ml + 1, uri, ul) == 0 &&
-          r1.canonical_request[ml + 1 + ul] == '\n');
+    CHECK(strncmp(r1.canonical_request, method, ml) == 0 && r1.canonical_request[ml] == '\n');
+    CHECK(strncmp(r1.canonical_request + ml + 1, uri, ul) == 0 && r1.canonical_request[ml + 1 + ul] == '\n');
     if (!(cfg.flags & SBX_SIGV4_PRESIGN)) {
       CHECK(sbx_sigv4_canonical_query(query, &q) == 0);
       CHECK(strncmp(r1.canonical_request + ml + ul + 2, q, strlen(q)) == 0);
@@ -316,14 +309,12 @@ check_sign(const char *method, const char *path, const char *query,
     }
   }
   /* The string to sign ends with the hash of the canonical request. */
-  CHECK(sbx_sigv4_sha256_hex(r1.canonical_request,
-                             strlen(r1.canonical_request), hex) == 0);
+  CHECK(sbx_sigv4_sha256_hex(r1.canonical_request, strlen(r1.canonical_request), hex) == 0);
   CHECK(strlen(r1.string_to_sign) > 64 &&
         strcmp(r1.string_to_sign + strlen(r1.string_to_sign) - 64, hex) == 0);
   if (cfg.flags & SBX_SIGV4_PRESIGN) {
     CHECK(r1.authorization == NULL && r1.query != NULL);
-    CHECK(strlen(r1.query) > 64 &&
-          strcmp(r1.query + strlen(r1.query) - 64, r1.signature) == 0);
+    CHECK(strlen(r1.query) > 64 && strcmp(r1.query + strlen(r1.query) - 64, r1.signature) == 0);
   }
   else {
     CHECK(r1.query == NULL && r1.authorization != NULL);

@@ -23,18 +23,13 @@
 static int
 fields_equal(const struct sbx_ssm_msg *a, const struct sbx_ssm_msg *b)
 {
-  return a->header_length == b->header_length &&
-         strcmp(a->message_type, b->message_type) == 0 &&
-         a->schema_version == b->schema_version &&
-         a->created_date == b->created_date &&
+  return a->header_length == b->header_length && strcmp(a->message_type, b->message_type) == 0 &&
+         a->schema_version == b->schema_version && a->created_date == b->created_date &&
          a->sequence_number == b->sequence_number && a->flags == b->flags &&
          memcmp(a->message_id, b->message_id, SBX_SSM_ID_SIZE) == 0 &&
-         memcmp(a->payload_digest, b->payload_digest, SBX_SSM_DIGEST_SIZE) ==
-           0 &&
-         a->payload_type == b->payload_type &&
-         a->payload_length == b->payload_length &&
-         (a->payload_length == 0 ||
-          memcmp(a->payload, b->payload, a->payload_length) == 0);
+         memcmp(a->payload_digest, b->payload_digest, SBX_SSM_DIGEST_SIZE) == 0 &&
+         a->payload_type == b->payload_type && a->payload_length == b->payload_length &&
+         (a->payload_length == 0 || memcmp(a->payload, b->payload, a->payload_length) == 0);
 }
 
 static int
@@ -50,8 +45,7 @@ is_nil(const unsigned char *id)
 static uint32_t
 be32(const unsigned char *p)
 {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
-         p[3];
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
 /* Decodes buf and checks everything an accepted frame promises. */
@@ -82,8 +76,7 @@ check_decode(const unsigned char *buf, size_t len)
     CHECK(m.message_type[i] >= 0x20 && m.message_type[i] <= 0x7e);
   CHECK(m.message_type[0] != ' ' && m.message_type[tlen - 1] != ' ');
   CHECK(m.created_date != 0);
-  CHECK(m.payload_length ? m.payload == buf + SBX_SSM_PREFIX
-                         : m.payload == NULL);
+  CHECK(m.payload_length ? m.payload == buf + SBX_SSM_PREFIX : m.payload == NULL);
   CHECK(sbx_ssm_sha256(m.payload, m.payload_length, md) == 0);
   CHECK(memcmp(md, m.payload_digest, sizeof md) == 0);
   CHECK(sbx_ssm_frame_size(&m) == len);
@@ -122,7 +115,7 @@ check_encode(const unsigned char *d, size_t n)
   if (n < 1 + 16 + 8)
     return;
   memset(&m, 0, sizeof m);
-  tlen = d[0] % (SBX_SSM_TYPE_SIZE + 2);   /* 33: too long */
+  tlen = d[0] % (SBX_SSM_TYPE_SIZE + 2); /* 33: too long */
   if (n < 1 + 16 + 8 + tlen)
     return;
   memcpy(m.message_id, d + 1, 16);
@@ -133,8 +126,7 @@ check_encode(const unsigned char *d, size_t n)
   m.flags = v >> 3;
   m.schema_version = (uint32_t)v;
   m.payload_type = (uint32_t)(v >> 32);
-  memcpy(m.message_type, d + 25, tlen < SBX_SSM_TYPE_SIZE ? tlen
-                                                          : SBX_SSM_TYPE_SIZE);
+  memcpy(m.message_type, d + 25, tlen < SBX_SSM_TYPE_SIZE ? tlen : SBX_SSM_TYPE_SIZE);
   m.payload = d + 25 + tlen;
   m.payload_length = (uint32_t)(n - 25 - tlen);
   rc = sbx_ssm_encode(&m, &enc, &elen);
@@ -162,8 +154,7 @@ check_uuid(const unsigned char *d, size_t n)
     CHECK(sbx_ssm_uuid_parse(text, SBX_SSM_UUID_STRLEN, again) == 0);
     CHECK(memcmp(again, d, SBX_SSM_ID_SIZE) == 0);
   }
-  if (n >= SBX_SSM_UUID_STRLEN &&
-      sbx_ssm_uuid_parse((const char *)d, SBX_SSM_UUID_STRLEN, wire) == 0) {
+  if (n >= SBX_SSM_UUID_STRLEN && sbx_ssm_uuid_parse((const char *)d, SBX_SSM_UUID_STRLEN, wire) == 0) {
     sbx_ssm_uuid_format(wire, text);
     for (i = 0; i < SBX_SSM_UUID_STRLEN; i++) {
       char c = (char)d[i];

@@ -72,7 +72,8 @@ check_clean_archive(const void *buf, size_t len, uint64_t entries)
       CHECK(l != NULL);
       if (l[0] == '/') {
         snprintf(tmp, sizeof tmp, "%s", l + 1);
-      } else {
+      }
+      else {
         const char *s = strrchr(p, '/');
         if (s)
           snprintf(tmp, sizeof tmp, "%.*s/%s", (int)(s - p), p, l);

@@ -69,8 +69,7 @@ prefix_ok(const unsigned char *p, int k, int len)
 ** sequence at the end when !final. Returns the output length.
 */
 static size_t
-ref_repair(const unsigned char *p, size_t n, unsigned char *out, int final,
-           size_t *rest, size_t *replaced)
+ref_repair(const unsigned char *p, size_t n, unsigned char *out, int final, size_t *rest, size_t *replaced)
 {
   size_t i = 0, o = 0;
   *rest = 0;
@@ -85,8 +84,7 @@ ref_repair(const unsigned char *p, size_t n, unsigned char *out, int final,
       continue;
     }
     if (len > 1 && prefix_ok(p + i, 1, len)) {
-      while (k < len && i + (size_t)k < n && (p[i + k] & 0xC0) == 0x80 &&
-             prefix_ok(p + i, k + 1, len))
+      while (k < len && i + (size_t)k < n && (p[i + k] & 0xC0) == 0x80 && prefix_ok(p + i, k + 1, len))
         k++;
       if (k == len) {
         if (out)
@@ -151,16 +149,14 @@ check_repair(const unsigned char *p, size_t n, struct fuzz_cuts *cuts)
   while (off < n) {
     size_t m = fuzz_cuts_next(cuts, n - off);
     memcpy(in + carry, p + off, m);
-    glen = sbx_utf8_repair((const char *)in, carry + m, (char *)acc + alen, 0,
-                           &grest, &gbad);
+    glen = sbx_utf8_repair((const char *)in, carry + m, (char *)acc + alen, 0, &grest, &gbad);
     CHECK(grest <= 3 && grest <= carry + m);
     alen += glen;
     memmove(in, in + carry + m - grest, grest);
     carry = grest;
     off += m;
   }
-  alen += sbx_utf8_repair((const char *)in, carry, (char *)acc + alen, 1,
-                          &grest, &gbad);
+  alen += sbx_utf8_repair((const char *)in, carry, (char *)acc + alen, 1, &grest, &gbad);
   wlen = ref_repair(p, n, want, 1, &wrest, &wbad);
   CHECK(alen == wlen && memcmp(acc, want, wlen) == 0);
 
@@ -196,8 +192,8 @@ check_cuts(const unsigned char *p, size_t n, size_t at)
 }
 
 static void
-check_capture(const unsigned char *p, size_t n, size_t head_cap,
-              size_t tail_cap, struct fuzz_cuts *cuts, size_t probe)
+check_capture(const unsigned char *p, size_t n, size_t head_cap, size_t tail_cap, struct fuzz_cuts *cuts,
+              size_t probe)
 {
   struct sbx_capture c;
   size_t off = 0, head_len, tail_len, tail_off, i;
@@ -222,9 +218,9 @@ check_capture(const unsigned char *p, size_t n, size_t head_cap,
   /* read_at from a few offsets, in and around both parts and the gap. */
   buf = fuzz_alloc(n + 8);
   for (i = 0; i < 8; i++) {
-    const size_t offs[8] = { 0, head_len, tail_off, n, n + 3,
-                             probe % (n + 1), head_len ? head_len - 1 : 0,
-                             (probe >> 8) % (n + 1) };
+    const size_t offs[8] = {
+      0, head_len, tail_off, n, n + 3, probe % (n + 1), head_len ? head_len - 1 : 0, (probe >> 8) % (n + 1)
+    };
     uint64_t skipped = 99;
     size_t max = 1 + (probe >> (i + 4)) % (n + 4), start, run, got;
     got = sbx_capture_read_at(&c, offs[i], buf, max, &skipped);

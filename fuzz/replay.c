@@ -163,8 +163,7 @@ main(int argc, char **argv)
     else
       n = run_file(argv[i]) == 0 ? 1 : -1;
     if (n <= 0) {
-      printf("not ok %d - %s: %s\n", i, argv[i],
-             n == 0 ? "no inputs" : strerror(errno));
+      printf("not ok %d - %s: %s\n", i, argv[i], n == 0 ? "no inputs" : strerror(errno));
       failed++;
     }
     else

@@ -77,6 +77,8 @@ packages=(
     # tests
     valgrind procps psmisc curl socat openssl python3 python3-boto3 python3-botocore
     luarocks man-db groff-base
+    # the style checks: C (.clang-format) and Lua (.luacheckrc)
+    clang-format lua-check
     # the aarch64 agent runs under qemu-user in the tests
     qemu-user-static
     # image tests: a loopback registry, fixtures pushed to it, its token issuer

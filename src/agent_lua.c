@@ -34,8 +34,8 @@ struct decoder {
   uint8_t key[SBX_AP_KEY];
   int mac;
   uint64_t seq;
-  uint64_t pos;          /* bytes of whole frames taken */
-  int failed;            /* 0, or the sbx_ap_decode error that ended it */
+  uint64_t pos; /* bytes of whole frames taken */
+  int failed;   /* 0, or the sbx_ap_decode error that ended it */
 };
 
 static struct decoder *
@@ -63,10 +63,10 @@ agent_encode(lua_State *L)
   memcpy(out + SBX_AP_HEADER, payload, n);
   if (key) {
     uint64_t seq = (uint64_t)luaL_checkinteger(L, 5);
-    sbx_ap_tag((const uint8_t *)key, seq, out, out + SBX_AP_HEADER, (uint32_t)n,
-               out + SBX_AP_HEADER + n);
+    sbx_ap_tag((const uint8_t *)key, seq, out, out + SBX_AP_HEADER, (uint32_t)n, out + SBX_AP_HEADER + n);
     luaL_pushresultsize(&b, SBX_AP_HEADER + n + SBX_AP_TAG);
-  } else {
+  }
+  else {
     luaL_pushresultsize(&b, SBX_AP_HEADER + n);
   }
   return 1;
@@ -147,7 +147,8 @@ decoder_next(lua_State *L)
         lua_pushlstring(L, (const char *)f.payload + 1, f.len - 1);
         lua_pushinteger(L, f.payload[0]);
         nres = 4;
-      } else {
+      }
+      else {
         lua_pushlstring(L, (const char *)f.payload, f.len);
       }
       d->off += (size_t)used;
@@ -167,7 +168,8 @@ decoder_next(lua_State *L)
   if (d->failed == SBX_AP_BAD_TAG) {
     lua_pushliteral(L, "bad_tag");
     lua_pushliteral(L, "a frame from the agent failed authentication");
-  } else {
+  }
+  else {
     lua_pushliteral(L, "bad_frame");
     lua_pushliteral(L, "a frame from the agent is longer than the protocol allows");
   }
@@ -313,37 +315,27 @@ pty_decoder_done(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg pty_decoder_methods[] = {
-  { "decode", pty_decoder_decode },
-  { "done", pty_decoder_done },
-  { NULL, NULL }
-};
+static const luaL_Reg pty_decoder_methods[] = { { "decode", pty_decoder_decode },
+                                                { "done", pty_decoder_done },
+                                                { NULL, NULL } };
 
-static const luaL_Reg agent_funcs[] = {
-  { "pty_decoder", pty_decoder_new },
-  { "encode", agent_encode },
-  { "decoder", agent_decoder },
-  { "binary", agent_binary },
-  { "attach_name", agent_attach_name },
-  { "attach_proof", agent_attach_proof },
-  { NULL, NULL }
-};
+static const luaL_Reg agent_funcs[] = { { "pty_decoder", pty_decoder_new },
+                                        { "encode", agent_encode },
+                                        { "decoder", agent_decoder },
+                                        { "binary", agent_binary },
+                                        { "attach_name", agent_attach_name },
+                                        { "attach_proof", agent_attach_proof },
+                                        { NULL, NULL } };
 
 static const luaL_Reg decoder_methods[] = {
-  { "feed", decoder_feed },
-  { "next", decoder_next },
-  { "buffered", decoder_buffered },
-  { "position", decoder_position },
-  { "resume", decoder_resume },
-  { NULL, NULL }
+  { "feed", decoder_feed },         { "next", decoder_next },     { "buffered", decoder_buffered },
+  { "position", decoder_position }, { "resume", decoder_resume }, { NULL, NULL }
 };
 
-static const luaL_Reg decoder_meta[] = {
-  { "__gc", decoder_gc },
-  { "__close", decoder_gc },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg decoder_meta[] = { { "__gc", decoder_gc },
+                                         { "__close", decoder_gc },
+                                         { "__index", NULL },
+                                         { NULL, NULL } };
 
 int
 sbx_open_agent(lua_State *L)

@@ -43,8 +43,8 @@ sbx_ap_header(uint8_t *out, uint8_t type, uint32_t id, uint32_t len)
 }
 
 void
-sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_t *payload,
-           uint32_t len, uint8_t *tag)
+sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_t *payload, uint32_t len,
+           uint8_t *tag)
 {
   uint8_t s[8], mac[32];
   sbx_ap_put_be64(s, seq);
@@ -180,10 +180,18 @@ int
 sbx_ap_uint(const uint8_t *v, uint32_t len, uint64_t *out)
 {
   switch (len) {
-  case 1: *out = v[0]; return 0;
-  case 2: *out = (uint64_t)v[0] << 8 | v[1]; return 0;
-  case 4: *out = sbx_ap_be32(v); return 0;
-  case 8: *out = sbx_ap_be64(v); return 0;
+  case 1:
+    *out = v[0];
+    return 0;
+  case 2:
+    *out = (uint64_t)v[0] << 8 | v[1];
+    return 0;
+  case 4:
+    *out = sbx_ap_be32(v);
+    return 0;
+  case 8:
+    *out = sbx_ap_be64(v);
+    return 0;
   }
   return -1;
 }

@@ -127,7 +127,7 @@
 
 #define SBX_AP_MODE_PLAIN 'P'
 #define SBX_AP_MODE_MAC 'M'
-#define SBX_AP_MODE_RELAY 0x20   /* the lower-case bit: 'p', 'm' */
+#define SBX_AP_MODE_RELAY 0x20 /* the lower-case bit: 'p', 'm' */
 
 #define SBX_AP_NONCE 16
 #define SBX_AP_PROOF 32
@@ -148,7 +148,7 @@
 #define SBX_AP_ATTACH_NAME 43
 
 enum sbx_ap_type {
-  SBX_AP_PAD = 0x00,        /* sbx_ap_decode's result for padding bytes */
+  SBX_AP_PAD = 0x00, /* sbx_ap_decode's result for padding bytes */
   /* host to agent */
   SBX_AP_HELLO = 0x01,
   SBX_AP_SPAWN = 0x10,
@@ -211,14 +211,14 @@ struct sbx_ap_frame {
   uint8_t flags;
   uint32_t id;
   uint32_t len;
-  const uint8_t *payload;   /* points into the caller's buffer */
+  const uint8_t *payload; /* points into the caller's buffer */
 };
 
 /* Results of sbx_ap_decode. */
 enum {
-  SBX_AP_NEED = 0,          /* not a whole frame yet */
-  SBX_AP_BAD_LENGTH = -1,   /* len above SBX_AP_MAX_PAYLOAD */
-  SBX_AP_BAD_TAG = -2,      /* authentication failed */
+  SBX_AP_NEED = 0,        /* not a whole frame yet */
+  SBX_AP_BAD_LENGTH = -1, /* len above SBX_AP_MAX_PAYLOAD */
+  SBX_AP_BAD_TAG = -2,    /* authentication failed */
 };
 
 /*
@@ -228,8 +228,7 @@ enum {
 ** With key non-NULL the frame must carry a valid tag for sequence number
 ** seq (the caller counts). Never reads past n; never allocates.
 */
-int sbx_ap_decode(const uint8_t *buf, size_t n, const uint8_t *key, uint64_t seq,
-                  struct sbx_ap_frame *f);
+int sbx_ap_decode(const uint8_t *buf, size_t n, const uint8_t *key, uint64_t seq, struct sbx_ap_frame *f);
 
 /*
 ** Writes a frame header for (type, id, len) into out[SBX_AP_HEADER]. The
@@ -238,16 +237,16 @@ int sbx_ap_decode(const uint8_t *buf, size_t n, const uint8_t *key, uint64_t seq
 void sbx_ap_header(uint8_t *out, uint8_t type, uint32_t id, uint32_t len);
 
 /* tag[16] = HMAC-SHA256(key, seq || header || payload)[0..16] */
-void sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_t *payload,
-                uint32_t len, uint8_t *tag);
+void sbx_ap_tag(const uint8_t *key, uint64_t seq, const uint8_t *header, const uint8_t *payload, uint32_t len,
+                uint8_t *tag);
 
 /* The attach socket's abstract name for key (without the leading NUL). */
 void sbx_ap_attach_name(const uint8_t *key, char out[SBX_AP_ATTACH_NAME]);
 
 /* proof = HMAC-SHA256(key, role || nonce_a || nonce_h); role "host" or
 ** "agent". */
-void sbx_ap_attach_proof(const uint8_t *key, const char *role, const uint8_t *nonce_a,
-                         const uint8_t *nonce_h, uint8_t proof[SBX_AP_PROOF]);
+void sbx_ap_attach_proof(const uint8_t *key, const char *role, const uint8_t *nonce_a, const uint8_t *nonce_h,
+                         uint8_t proof[SBX_AP_PROOF]);
 
 /* 1 when a and b (n bytes) are equal, in time that does not depend on
 ** where they differ. */

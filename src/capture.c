@@ -150,8 +150,7 @@ sbx_capture_copy_tail(const struct sbx_capture *c, char *out)
 }
 
 size_t
-sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out,
-                    size_t max, uint64_t *skipped)
+sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out, size_t max, uint64_t *skipped)
 {
   size_t done = 0;
   uint64_t tail_off = sbx_capture_tail_offset(c);
@@ -243,8 +242,7 @@ sbx_utf8_sanitize(const char *src, size_t n, char *out, int final, size_t *rest)
 }
 
 size_t
-sbx_utf8_repair(const char *src, size_t n, char *out, int final, size_t *rest,
-                size_t *replaced)
+sbx_utf8_repair(const char *src, size_t n, char *out, int final, size_t *rest, size_t *replaced)
 {
   const unsigned char *p = (const unsigned char *)src;
   size_t i = 0, o = 0, bad = 0;

@@ -11,12 +11,12 @@
 
 struct sbx_capture {
   size_t head_cap, tail_cap;
-  char *head;            /* grows on demand up to head_cap */
+  char *head; /* grows on demand up to head_cap */
   size_t head_len, head_alloc;
-  char *tail;            /* ring of tail_cap bytes, allocated once the head is full */
-  size_t tail_pos;       /* next write position in the ring */
-  size_t tail_len;       /* valid bytes in the ring (<= tail_cap) */
-  uint64_t total;        /* every byte ever added */
+  char *tail;      /* ring of tail_cap bytes, allocated once the head is full */
+  size_t tail_pos; /* next write position in the ring */
+  size_t tail_len; /* valid bytes in the ring (<= tail_cap) */
+  uint64_t total;  /* every byte ever added */
 };
 
 void sbx_capture_init(struct sbx_capture *c, size_t head_cap, size_t tail_cap);
@@ -41,8 +41,8 @@ uint64_t sbx_capture_tail_offset(const struct sbx_capture *c);
 ** how many; *skipped gets the bytes from off that are no longer kept (the
 ** copy then starts at off + *skipped).
 */
-size_t sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out,
-                           size_t max, uint64_t *skipped);
+size_t sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out, size_t max,
+                           uint64_t *skipped);
 
 /*
 ** UTF-8 hygiene. sbx_utf8_valid_prefix returns how many leading bytes of p
@@ -55,10 +55,8 @@ size_t sbx_capture_read_at(const struct sbx_capture *c, uint64_t off, char *out,
 ** wrote: one per maximal invalid subsequence, as Python's decoder.
 */
 size_t sbx_utf8_valid_prefix(const char *p, size_t n);
-size_t sbx_utf8_sanitize(const char *p, size_t n, char *out, int final,
-                         size_t *rest);
-size_t sbx_utf8_repair(const char *p, size_t n, char *out, int final,
-                       size_t *rest, size_t *replaced);
+size_t sbx_utf8_sanitize(const char *p, size_t n, char *out, int final, size_t *rest);
+size_t sbx_utf8_repair(const char *p, size_t n, char *out, int final, size_t *rest, size_t *replaced);
 /* Length of the shortest prefix of p that is only continuation bytes (<= 3). */
 size_t sbx_utf8_lead_continuations(const char *p, size_t n);
 /* Length of an incomplete sequence at the end of p, 0 when it ends cleanly. */

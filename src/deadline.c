@@ -40,11 +40,11 @@
 
 struct sbx_deadline {
   struct sbx_host *host;
-  lua_State *thread;       /* anchored by the userdata's user value */
-  double expires;          /* sbx_now() seconds */
-  int state;               /* SBX_DEADLINE_{ARMED,TIMEOUT,SIGNAL} */
-  int linked;              /* on the host's list */
-  uv_timer_t *timer;       /* wakes a waiting thread; freed by the loop */
+  lua_State *thread; /* anchored by the userdata's user value */
+  double expires;    /* sbx_now() seconds */
+  int state;         /* SBX_DEADLINE_{ARMED,TIMEOUT,SIGNAL} */
+  int linked;        /* on the host's list */
+  uv_timer_t *timer; /* wakes a waiting thread; freed by the loop */
   struct sbx_deadline *prev, *next;
 };
 
@@ -196,7 +196,7 @@ sbx_deadline_check(lua_State *L)
   if (h->interrupt_pending && h->slice > 0) {
     double now = sbx_now();
     if (now - h->signal_at > h->slice) {
-      h->signal_at = now;   /* once per slice, as code may catch it */
+      h->signal_at = now; /* once per slice, as code may catch it */
       raise_ended(L, h, SBX_DEADLINE_SIGNAL);
     }
   }
@@ -243,7 +243,7 @@ deadline_k(lua_State *L, int status, lua_KContext ctx)
     lua_sethook(L, count_hook, LUA_MASKCOUNT, SBX_HOOK_COUNT);
   if (why == SBX_DEADLINE_ARMED && (status == LUA_OK || status == LUA_YIELD)) {
     lua_pushboolean(L, 1);
-    lua_replace(L, 1);                              /* [true, results...] */
+    lua_replace(L, 1); /* [true, results...] */
     return lua_gettop(L);
   }
   if (why != SBX_DEADLINE_ARMED) {
@@ -271,7 +271,7 @@ deadline_k(lua_State *L, int status, lua_KContext ctx)
   }
   lua_pushboolean(L, 0);
   lua_insert(L, -2);
-  lua_pushliteral(L, "error");                      /* [false, err, "error"] */
+  lua_pushliteral(L, "error"); /* [false, err, "error"] */
   return 3;
 }
 
@@ -301,8 +301,8 @@ sbx_core_deadline(lua_State *L)
   memset(d, 0, sizeof *d);
   luaL_setmetatable(L, DEADLINE_MT);
   lua_pushthread(L);
-  lua_setiuservalue(L, -2, 1);                      /* the frame keeps its thread */
-  lua_replace(L, 1);                                /* [frame, fn, args...] */
+  lua_setiuservalue(L, -2, 1); /* the frame keeps its thread */
+  lua_replace(L, 1);           /* [frame, fn, args...] */
   timer = malloc(sizeof *timer);
   if (!timer)
     return luaL_error(L, "not enough memory");
@@ -363,10 +363,10 @@ sbx_core_xpcall(lua_State *L)
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_pushvalue(L, 2);
   lua_pushcclosure(L, xpcall_handler, 1);
-  lua_replace(L, 2);                                /* [f, handler, args...] */
+  lua_replace(L, 2); /* [f, handler, args...] */
   lua_pushboolean(L, 1);
   lua_pushvalue(L, 1);
-  lua_rotate(L, 3, 2);                              /* [f, handler, true, f, args...] */
+  lua_rotate(L, 3, 2); /* [f, handler, true, f, args...] */
   return xpcall_k(L, lua_pcallk(L, n - 2, LUA_MULTRET, 2, 2, xpcall_k), 2);
 }
 

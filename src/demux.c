@@ -11,8 +11,7 @@ sbx_demux_init(struct sbx_demux *d, int raw)
 }
 
 void
-sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n,
-               sbx_demux_fn *out, void *ud)
+sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n, sbx_demux_fn *out, void *ud)
 {
   while (n > 0) {
     if (d->raw) {
@@ -34,8 +33,8 @@ sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n,
         return;
       d->hdr_len = 0;
       d->stream = d->hdr[0];
-      d->left = (uint32_t)d->hdr[4] << 24 | (uint32_t)d->hdr[5] << 16 |
-                (uint32_t)d->hdr[6] << 8 | (uint32_t)d->hdr[7];
+      d->left = (uint32_t)d->hdr[4] << 24 | (uint32_t)d->hdr[5] << 16 | (uint32_t)d->hdr[6] << 8 |
+                (uint32_t)d->hdr[7];
     }
     else {
       size_t take = n < d->left ? n : d->left;

@@ -23,10 +23,10 @@
 enum { SBX_DEMUX_HEADER = 8 };
 
 struct sbx_demux {
-  int raw;                              /* no frames (tty, or given up) */
-  int stream;                           /* stream of the current frame */
-  uint32_t left;                        /* payload bytes still to come */
-  size_t hdr_len;                       /* header bytes held */
+  int raw;        /* no frames (tty, or given up) */
+  int stream;     /* stream of the current frame */
+  uint32_t left;  /* payload bytes still to come */
+  size_t hdr_len; /* header bytes held */
   unsigned char hdr[SBX_DEMUX_HEADER];
 };
 
@@ -37,8 +37,7 @@ typedef void sbx_demux_fn(void *ud, int stream, const char *p, size_t n);
 void sbx_demux_init(struct sbx_demux *d, int raw);
 
 /* Passes every payload byte of p[0..n) to out, in order. */
-void sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n,
-                    sbx_demux_fn *out, void *ud);
+void sbx_demux_feed(struct sbx_demux *d, const char *p, size_t n, sbx_demux_fn *out, void *ud);
 
 /* 1 when the bytes so far end inside a frame (a cut stream at EOF). */
 int sbx_demux_partial(const struct sbx_demux *d);

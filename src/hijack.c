@@ -131,8 +131,7 @@ body_add(struct sbx_hijack *h, const char *p, size_t n)
 {
   size_t take;
   char *q;
-  if (h->content_length >= 0 &&
-      (uint64_t)h->content_length - h->body_seen < n)
+  if (h->content_length >= 0 && (uint64_t)h->content_length - h->body_seen < n)
     n = (size_t)((uint64_t)h->content_length - h->body_seen);
   h->body_seen += n;
   take = n;
@@ -168,8 +167,7 @@ sbx_hijack_feed(struct sbx_hijack *h, const char *p, size_t n, size_t *used)
         return SBX_HIJACK_E2BIG;
       }
       h->head[h->head_len++] = p[i];
-      if (h->head_len >= 4 &&
-          memcmp(h->head + h->head_len - 4, "\r\n\r\n", 4) == 0) {
+      if (h->head_len >= 4 && memcmp(h->head + h->head_len - 4, "\r\n\r\n", 4) == 0) {
         head_done(h);
         *used = i + 1;
         return 0;

@@ -20,32 +20,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SBX_HIJACK_HEAD_MAX 16384   /* head bytes, its terminating NUL included */
-#define SBX_HIJACK_BODY_MAX 65536   /* error body bytes kept */
+#define SBX_HIJACK_HEAD_MAX 16384 /* head bytes, its terminating NUL included */
+#define SBX_HIJACK_BODY_MAX 65536 /* error body bytes kept */
 
 enum sbx_hijack_state {
-  SBX_HIJACK_HEAD,     /* reading the head */
-  SBX_HIJACK_STREAM,   /* the head said 200 or 101: the rest is the caller's */
-  SBX_HIJACK_BODY,     /* any other status: reading the error body */
-  SBX_HIJACK_DONE      /* the body is complete, or the head was too large */
+  SBX_HIJACK_HEAD,   /* reading the head */
+  SBX_HIJACK_STREAM, /* the head said 200 or 101: the rest is the caller's */
+  SBX_HIJACK_BODY,   /* any other status: reading the error body */
+  SBX_HIJACK_DONE    /* the body is complete, or the head was too large */
 };
 
-enum { SBX_HIJACK_E2BIG = -1 };     /* the head does not fit */
+enum { SBX_HIJACK_E2BIG = -1 }; /* the head does not fit */
 
 struct sbx_hijack {
   enum sbx_hijack_state state;
-  int status;            /* 100..999 once the head is in; 0 before, or when
-                            the status line is not "HTTP/x.y NNN" */
-  long content_length;   /* -1 when absent or not a plain decimal number */
+  int status;          /* 100..999 once the head is in; 0 before, or when
+                          the status line is not "HTTP/x.y NNN" */
+  long content_length; /* -1 when absent or not a plain decimal number */
   size_t head_len;
-  char *head;            /* NUL-terminated once complete; malloc'd at the
-                            first byte, freed by sbx_hijack_free (a long-lived
-                            stream frees it early with sbx_hijack_drop_head) */
-  char *body;            /* error body (malloc'd, NUL-terminated) or NULL;
-                            bytes that find no memory are dropped: the body
-                            only explains a failure */
-  size_t body_len;       /* bytes kept, <= SBX_HIJACK_BODY_MAX */
-  uint64_t body_seen;    /* bytes received, kept or not */
+  char *head;         /* NUL-terminated once complete; malloc'd at the
+                         first byte, freed by sbx_hijack_free (a long-lived
+                         stream frees it early with sbx_hijack_drop_head) */
+  char *body;         /* error body (malloc'd, NUL-terminated) or NULL;
+                         bytes that find no memory are dropped: the body
+                         only explains a failure */
+  size_t body_len;    /* bytes kept, <= SBX_HIJACK_BODY_MAX */
+  uint64_t body_seen; /* bytes received, kept or not */
 };
 
 void sbx_hijack_init(struct sbx_hijack *h);
@@ -57,12 +57,12 @@ void sbx_hijack_drop_head(struct sbx_hijack *h);
 ** Takes bytes from p[0..n) and stores in *used how many. In HEAD it stops
 ** right after the blank line, so the caller sees the state change (and can
 ** start writing stdin) before it hands the rest over; in BODY it takes all
-** n up to the end of the body (Content-Length); in STREAM and DONE none. Returns 0, or SBX_HIJACK_E2BIG when the head
+** n up to the end of the body (Content-Length); in STREAM and DONE none. Returns 0, or SBX_HIJACK_E2BIG when
+*the head
 ** reaches SBX_HIJACK_HEAD_MAX - 1 bytes without its blank line, or finds no
 ** memory (the state is then DONE).
 */
-int sbx_hijack_feed(struct sbx_hijack *h, const char *p, size_t n,
-                    size_t *used);
+int sbx_hijack_feed(struct sbx_hijack *h, const char *p, size_t n, size_t *used);
 
 /*
 ** The status code of a status line "HTTP/<digits>.<digits> SP+ NNN" ending

@@ -30,23 +30,22 @@ enum { TASK_READY, TASK_WAITING, TASK_DONE, TASK_FAILED };
 
 /* Signals, process-wide (see on_signal). */
 static volatile sig_atomic_t sig_count, sig_last;
-static uv_async_t *sig_async;          /* the host's, while it lives */
-static lua_State *volatile sig_main;   /* its main thread (the handler hooks it) */
-static int sig_taken;                  /* the part of sig_count already taken */
-static int undelivered;                /* taken, not yet delivered to waits */
+static uv_async_t *sig_async;        /* the host's, while it lives */
+static lua_State *volatile sig_main; /* its main thread (the handler hooks it) */
+static int sig_taken;                /* the part of sig_count already taken */
+static int undelivered;              /* taken, not yet delivered to waits */
 static struct sigaction old_int, old_term;
-
 
 struct sbx_task {
   struct sbx_host *host;
   lua_State *co;
-  int co_ref;           /* anchors the thread while it runs */
-  int self_ref;         /* anchors this userdata while it runs */
-  int results_ref;      /* table of results, or {false, error} */
+  int co_ref;      /* anchors the thread while it runs */
+  int self_ref;    /* anchors this userdata while it runs */
+  int results_ref; /* table of results, or {false, error} */
   int status;
-  int observed;         /* someone asked for the result */
+  int observed; /* someone asked for the result */
   int cancel_requested;
-  int unref;            /* core.drain does not wait for it (task:unref) */
+  int unref; /* core.drain does not wait for it (task:unref) */
   int in_queue;
   struct sbx_waiter *waiting;
   struct sbx_task *next_ready;
@@ -67,7 +66,6 @@ sbx_now(void)
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
-
 
 struct sbx_host *
 sbx_host_peek(lua_State *L)
@@ -277,8 +275,7 @@ slot_detach(struct sbx_waiter *w)
 }
 
 int
-sbx_await_read(lua_State *L, struct sbx_waiter **slot, double timeout, lua_KFunction k,
-               const char *busy)
+sbx_await_read(lua_State *L, struct sbx_waiter **slot, double timeout, lua_KFunction k, const char *busy)
 {
   struct sbx_waiter *w;
   if (*slot)
@@ -326,7 +323,10 @@ sbx_raise_cancelled(lua_State *L)
 static int
 core_is_cancel(lua_State *L)
 {
-  static const struct { const char *text; const char *kind; } kinds[] = {
+  static const struct {
+    const char *text;
+    const char *kind;
+  } kinds[] = {
     { "cancelled", "cancelled" },
     { "interrupted (signal ", "interrupted" },
     { "deadline exceeded", "deadline" },
@@ -352,7 +352,7 @@ core_is_cancel(lua_State *L)
     n = strlen(kinds[i].text);
     if (strncmp(s, kinds[i].text, n) == 0) {
       const char *end = s + n;
-      if (kinds[i].kind[0] == 'i') {          /* "interrupted (signal N)" */
+      if (kinds[i].kind[0] == 'i') { /* "interrupted (signal N)" */
         const char *digits = end;
         while (*end >= '0' && *end <= '9')
           end++;
@@ -528,13 +528,13 @@ core_spawn(lua_State *L)
   lua_rawset(L, -3);
   lua_pop(L, 1);
   t->co = co;
-  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);      /* [args.., task] */
+  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* [args.., task] */
   lua_pushvalue(L, -1);
   t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, -1);
-  lua_insert(L, 1);                                /* [task, fn, args.., task] */
+  lua_insert(L, 1); /* [task, fn, args.., task] */
   lua_pop(L, 1);
-  lua_xmove(L, co, n);                             /* fn and args to the thread */
+  lua_xmove(L, co, n); /* fn and args to the thread */
   h->tasks_alive++;
   task_make_ready(t);
   return 1;
@@ -819,8 +819,10 @@ core_path_type(lua_State *L)
     lua_pushnil(L);
     return 1;
   }
-  lua_pushstring(L, S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "dir"
-                    : S_ISSOCK(st.st_mode) ? "socket" : "other");
+  lua_pushstring(L, S_ISREG(st.st_mode)    ? "file"
+                    : S_ISDIR(st.st_mode)  ? "dir"
+                    : S_ISSOCK(st.st_mode) ? "socket"
+                                           : "other");
   return 1;
 }
 
@@ -1064,57 +1066,42 @@ host_gc(lua_State *L)
   return 0;
 }
 
-static const luaL_Reg core_funcs[] = {
-  { "spawn", core_spawn },
-  { "current", core_current },
-  { "sleep", core_sleep },
-  { "yield", core_yield },
-  { "event", core_event },
-  { "now", core_now },
-  { "pid", core_pid },
-  { "path_type", core_path_type },
-  { "drain", core_drain },
-  { "signals", core_signals },
-  { "handle_signals", core_handle_signals },
-  { "xpcall", sbx_core_xpcall },
-  { "interrupt", core_interrupt },
-  { "is_cancel", core_is_cancel },
-  { "exit", core_exit },
-  { "deadline", sbx_core_deadline },
-  { "scheduler", sbx_core_scheduler },
-  { NULL, NULL }
-};
+static const luaL_Reg core_funcs[] = { { "spawn", core_spawn },
+                                       { "current", core_current },
+                                       { "sleep", core_sleep },
+                                       { "yield", core_yield },
+                                       { "event", core_event },
+                                       { "now", core_now },
+                                       { "pid", core_pid },
+                                       { "path_type", core_path_type },
+                                       { "drain", core_drain },
+                                       { "signals", core_signals },
+                                       { "handle_signals", core_handle_signals },
+                                       { "xpcall", sbx_core_xpcall },
+                                       { "interrupt", core_interrupt },
+                                       { "is_cancel", core_is_cancel },
+                                       { "exit", core_exit },
+                                       { "deadline", sbx_core_deadline },
+                                       { "scheduler", sbx_core_scheduler },
+                                       { NULL, NULL } };
 
-static const luaL_Reg task_methods[] = {
-  { "join", task_join },
-  { "result", task_result },
-  { "status", task_status },
-  { "done", task_done },
-  { "cancel", task_cancel },
-  { "unref", task_unref },
-  { "observed", task_observed },
-  { NULL, NULL }
-};
+static const luaL_Reg task_methods[] = { { "join", task_join },         { "result", task_result },
+                                         { "status", task_status },     { "done", task_done },
+                                         { "cancel", task_cancel },     { "unref", task_unref },
+                                         { "observed", task_observed }, { NULL, NULL } };
 
-static const luaL_Reg task_meta[] = {
-  { "__gc", task_gc },
-  { "__tostring", task_tostring },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg task_meta[] = { { "__gc", task_gc },
+                                      { "__tostring", task_tostring },
+                                      { "__index", NULL },
+                                      { NULL, NULL } };
 
-static const luaL_Reg event_methods[] = {
-  { "set", event_set },
-  { "clear", event_clear },
-  { "is_set", event_is_set },
-  { "wait", event_wait },
-  { NULL, NULL }
-};
+static const luaL_Reg event_methods[] = { { "set", event_set },
+                                          { "clear", event_clear },
+                                          { "is_set", event_is_set },
+                                          { "wait", event_wait },
+                                          { NULL, NULL } };
 
-static const luaL_Reg event_meta[] = {
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg event_meta[] = { { "__index", NULL }, { NULL, NULL } };
 
 static void
 create_meta(lua_State *L, const char *name, const luaL_Reg *meta, const luaL_Reg *methods)

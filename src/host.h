@@ -23,15 +23,15 @@ typedef void (*sbx_cancel_fn)(struct sbx_waiter *w);
 */
 struct sbx_waiter {
   struct sbx_host *host;
-  struct sbx_task *task;   /* the task that yielded, NULL when blocking */
+  struct sbx_task *task; /* the task that yielded, NULL when blocking */
   int woken;
-  int timed_out;           /* woken by its deadline */
-  int cancelled;           /* 0, or SBX_CANCEL_* when woken by a cancel */
-  sbx_cancel_fn cancel;    /* stops the operation (cancel, interrupt, gc) */
-  sbx_cancel_fn detach;    /* unregisters from its source on every wake */
-  void *source;            /* what it waits on (an event, a stream, ...) */
-  uv_timer_t *timer;       /* optional deadline */
-  lua_State *thread;       /* the thread that awaits it (sbx_await) */
+  int timed_out;                  /* woken by its deadline */
+  int cancelled;                  /* 0, or SBX_CANCEL_* when woken by a cancel */
+  sbx_cancel_fn cancel;           /* stops the operation (cancel, interrupt, gc) */
+  sbx_cancel_fn detach;           /* unregisters from its source on every wake */
+  void *source;                   /* what it waits on (an event, a stream, ...) */
+  uv_timer_t *timer;              /* optional deadline */
+  lua_State *thread;              /* the thread that awaits it (sbx_await) */
   struct sbx_waiter *prev, *next; /* in the host's list of pending waits */
 };
 
@@ -48,7 +48,7 @@ struct sbx_host {
   uv_loop_t loop;
   lua_State *L;
   struct sbx_task *ready_first, *ready_last;
-  struct sbx_waiter pending;      /* list head of every pending wait */
+  struct sbx_waiter pending; /* list head of every pending wait */
   int tasks_alive;
   int detached;                   /* operations nobody waits for (cleanup) */
   uv_async_t sig_async;           /* poked by the SIGINT/SIGTERM handler */
@@ -63,8 +63,14 @@ struct sbx_host {
   int last_signal;
   /* What modules keep on the host, which knows none of them: state by
   ** their own key (sbx_host_slot), and what to do when it closes. */
-  struct { const void *key; void *value; } slots[SBX_HOST_SLOTS];
-  struct { int phase; sbx_close_fn fn; } hooks[SBX_HOST_HOOKS];
+  struct {
+    const void *key;
+    void *value;
+  } slots[SBX_HOST_SLOTS];
+  struct {
+    int phase;
+    sbx_close_fn fn;
+  } hooks[SBX_HOST_HOOKS];
   int nhooks;
   int closed;
 };
@@ -114,8 +120,7 @@ int sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext 
 ** The source must outlive the wait (its userdata is on the waiting stack).
 ** May yield, may raise.
 */
-int sbx_await_read(lua_State *L, struct sbx_waiter **slot, double timeout, lua_KFunction k,
-                   const char *busy);
+int sbx_await_read(lua_State *L, struct sbx_waiter **slot, double timeout, lua_KFunction k, const char *busy);
 
 /* In a read's continuation: raises when the wait was cancelled (an
 ** interrupt, a task cancel); returns normally otherwise. */
@@ -166,11 +171,10 @@ void sbx_deadline_signal(struct sbx_host *h);
 /* The host closes: every frame's timer stops. */
 void sbx_deadline_close_all(struct sbx_host *h);
 
-#include "fail.h"   /* sbx_pushfail: nil, message, code */
+#include "fail.h" /* sbx_pushfail: nil, message, code */
 int sbx_open_host(lua_State *L);
 
 double sbx_now(void);
-
 
 /*
 ** Pushes an sbx.stream over a host process's pipes (stdout and stderr read,
@@ -179,6 +183,5 @@ double sbx_now(void);
 ** the stream could not open them (it is pushed, ended). stream.c.
 */
 int sbx_stream_pipes(lua_State *L, int opts, int in_fd, int out_fd, int err_fd);
-
 
 #endif

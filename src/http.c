@@ -26,7 +26,7 @@ struct sbx_http {
   struct sbx_host *host;
   CURLM *multi;
   uv_timer_t timer;
-  struct http_req *streams;    /* live streamed transfers, for shutdown */
+  struct http_req *streams; /* live streamed transfers, for shutdown */
 };
 
 struct poll_ctx {
@@ -39,28 +39,30 @@ struct http_req {
   struct sbx_http *http;
   CURL *easy;
   struct curl_slist *headers;
-  char *body_in;               /* request body copy */
-  char *body; size_t body_len, body_cap, body_max;
-  char *hdrs; size_t hdrs_len, hdrs_cap;
+  char *body_in; /* request body copy */
+  char *body;
+  size_t body_len, body_cap, body_max;
+  char *hdrs;
+  size_t hdrs_len, hdrs_cap;
   int truncated;
   long status;
   CURLcode result;
   char errbuf[CURL_ERROR_SIZE];
-  struct http_wait *wait;      /* NULL when detached or abandoned */
+  struct http_wait *wait; /* NULL when detached or abandoned */
   int done;
   /* Streamed responses: owned by a body_stream userdata from the start. */
   int stream;
-  int head_done;               /* the final response head arrived */
-  int paused;                  /* the write callback paused the transfer */
-  size_t body_off;             /* read offset into body */
-  struct sbx_waiter *reader;   /* the one waiting :read(), or NULL */
+  int head_done;             /* the final response head arrived */
+  int paused;                /* the write callback paused the transfer */
+  size_t body_off;           /* read offset into body */
+  struct sbx_waiter *reader; /* the one waiting :read(), or NULL */
   struct http_req *prev, *next;
-  double idle, last_rx;        /* idle_timeout (s) and the last byte's time */
+  double idle, last_rx; /* idle_timeout (s) and the last byte's time */
   int idle_fired;
 };
 
 struct body_ud {
-  struct http_req *r;          /* NULL once closed */
+  struct http_req *r; /* NULL once closed */
 };
 
 struct http_wait {
@@ -407,17 +409,24 @@ static const char *
 curl_code_name(CURLcode c)
 {
   switch (c) {
-  case CURLE_COULDNT_CONNECT: return "ECONNREFUSED";
-  case CURLE_COULDNT_RESOLVE_HOST: return "ENOTFOUND";
-  case CURLE_OPERATION_TIMEDOUT: return "timeout";
+  case CURLE_COULDNT_CONNECT:
+    return "ECONNREFUSED";
+  case CURLE_COULDNT_RESOLVE_HOST:
+    return "ENOTFOUND";
+  case CURLE_OPERATION_TIMEDOUT:
+    return "timeout";
   case CURLE_SEND_ERROR:
   case CURLE_RECV_ERROR:
   case CURLE_GOT_NOTHING:
-  case CURLE_PARTIAL_FILE: return "closed";
-  case CURLE_ABORTED_BY_CALLBACK: return "aborted";
+  case CURLE_PARTIAL_FILE:
+    return "closed";
+  case CURLE_ABORTED_BY_CALLBACK:
+    return "aborted";
   case CURLE_SSL_CONNECT_ERROR:
-  case CURLE_PEER_FAILED_VERIFICATION: return "tls";
-  default: return "http";
+  case CURLE_PEER_FAILED_VERIFICATION:
+    return "tls";
+  default:
+    return "http";
   }
 }
 
@@ -504,7 +513,7 @@ body_take(lua_State *L, struct http_req *r)
     r->body_off = r->body_len = 0;
     if (r->paused && r->easy) {
       r->paused = 0;
-      r->last_rx = sbx_now(); /* idle time restarts with the transfer */
+      r->last_rx = sbx_now();                   /* idle time restarts with the transfer */
       curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may queue bytes at once */
     }
     return 1;
@@ -519,7 +528,6 @@ body_take(lua_State *L, struct http_req *r)
   }
   return 0;
 }
-
 
 static int
 body_read_k(lua_State *L, int status, lua_KContext ctx)
@@ -567,23 +575,20 @@ body_tostring(lua_State *L)
 {
   struct body_ud *ud = luaL_checkudata(L, 1, BODY_MT);
   lua_pushfstring(L, "sbx.http.body (%s)",
-                  !ud->r ? "closed" : ud->r->done ? "ended" : ud->r->paused ? "paused" : "open");
+                  !ud->r          ? "closed"
+                  : ud->r->done   ? "ended"
+                  : ud->r->paused ? "paused"
+                                  : "open");
   return 1;
 }
 
-static const luaL_Reg body_methods[] = {
-  { "read", body_read },
-  { "close", body_gc },
-  { NULL, NULL }
-};
+static const luaL_Reg body_methods[] = { { "read", body_read }, { "close", body_gc }, { NULL, NULL } };
 
-static const luaL_Reg body_meta[] = {
-  { "__gc", body_gc },
-  { "__close", body_gc },
-  { "__tostring", body_tostring },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg body_meta[] = { { "__gc", body_gc },
+                                      { "__close", body_gc },
+                                      { "__tostring", body_tostring },
+                                      { "__index", NULL },
+                                      { NULL, NULL } };
 
 /*
 ** Resumes a streamed request: [opts, body_ud, op]. Before the head arrived
@@ -599,12 +604,12 @@ stream_k(lua_State *L, int status, lua_KContext ctx)
   (void)status;
   (void)ctx;
   if (hw->w.cancelled)
-    return sbx_raise_cancelled(L);   /* the transfer was stopped; gc frees it */
+    return sbx_raise_cancelled(L); /* the transfer was stopped; gc frees it */
   hw->req = NULL;
   r->wait = NULL;
   if (!r->head_done) {
     if (r->result == CURLE_OK) {
-      r->head_done = 1;              /* no head at all (not HTTP): body only */
+      r->head_done = 1; /* no head at all (not HTTP): body only */
       r->status = 0;
     }
     else {
@@ -658,9 +663,8 @@ request_k(lua_State *L, int status, lua_KContext ctx)
 ** (true: no verification of the server's certificate or name). Checked
 ** before the request is made, so a wrong type raises with nothing to free.
 */
-static const char *const tls_strings[] = {
-  "ca_file", "cert_file", "key_file", "ca_data", "cert_data", "key_data", NULL
-};
+static const char *const tls_strings[] = { "ca_file",   "cert_file", "key_file", "ca_data",
+                                           "cert_data", "key_data",  NULL };
 
 static void
 check_tls_opts(lua_State *L)
@@ -689,9 +693,7 @@ static void
 set_tls_opts(lua_State *L, CURL *easy)
 {
   static const CURLoption file_opts[] = { CURLOPT_CAINFO, CURLOPT_SSLCERT, CURLOPT_SSLKEY };
-  static const CURLoption blob_opts[] = {
-    CURLOPT_CAINFO_BLOB, CURLOPT_SSLCERT_BLOB, CURLOPT_SSLKEY_BLOB
-  };
+  static const CURLoption blob_opts[] = { CURLOPT_CAINFO_BLOB, CURLOPT_SSLCERT_BLOB, CURLOPT_SSLKEY_BLOB };
   int i;
   for (i = 0; i < 6; i++) {
     size_t n;
@@ -747,7 +749,7 @@ http_request(lua_State *L)
   lua_pop(L, 1);
   if (stream) {
     /* Made first and closed: it owns the request from the allocation on. */
-    ud = lua_newuserdatauv(L, sizeof *ud, 0);               /* [opts, ud] */
+    ud = lua_newuserdatauv(L, sizeof *ud, 0); /* [opts, ud] */
     ud->r = NULL;
     luaL_setmetatable(L, BODY_MT);
   }
@@ -850,11 +852,11 @@ http_request(lua_State *L)
     lua_pushnil(L);
     while (lua_next(L, -2)) {
       int named = lua_type(L, -2) == LUA_TSTRING;
-      const char *line = luaL_tolstring(L, -1, NULL);          /* [k, v, s] */
+      const char *line = luaL_tolstring(L, -1, NULL); /* [k, v, s] */
       if (named)
         line = lua_pushfstring(L, "%s: %s", lua_tostring(L, -3), line);
       r->headers = curl_slist_append(r->headers, line);
-      lua_pop(L, named ? 3 : 2);                               /* [k] */
+      lua_pop(L, named ? 3 : 2); /* [k] */
     }
   }
   lua_pop(L, 1);
@@ -862,7 +864,7 @@ http_request(lua_State *L)
   lua_settop(L, ud ? 2 : 1);
   if (ud) {
     struct http_wait *hw = (struct http_wait *)sbx_op_new(L, sizeof *hw, http_cancel);
-    hw->req = r;                                         /* [opts, ud, op] */
+    hw->req = r; /* [opts, ud, op] */
     r->wait = hw;
     curl_multi_add_handle(http->multi, r->easy);
     return sbx_await(L, &hw->w, stream_k, 0);
@@ -896,11 +898,9 @@ http_escape(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg http_funcs[] = {
-  { "request", http_request },
-  { "escape", http_escape },
-  { NULL, NULL }
-};
+static const luaL_Reg http_funcs[] = { { "request", http_request },
+                                       { "escape", http_escape },
+                                       { NULL, NULL } };
 
 int
 sbx_open_http(lua_State *L)

@@ -45,7 +45,7 @@ sbx_init(void)
   sigprocmask(SIG_BLOCK, &set, &old);
   child = fork();
   if (child < 0)
-    return;   /* no init then: sbx runs as PID 1 itself */
+    return; /* no init then: sbx runs as PID 1 itself */
   if (child == 0) {
     sigprocmask(SIG_SETMASK, &old, NULL);
     /* sbx dies with its init (only a SIGKILL from outside does that). */

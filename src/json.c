@@ -158,13 +158,13 @@ table_to_json(lua_State *L, int idx, int depth, const char **err)
     return NULL;
   }
   /* Keys as strings; they stay alive in a scratch table. */
-  lua_newtable(L);                                   /* [scratch] */
+  lua_newtable(L); /* [scratch] */
   i = 0;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     lua_pop(L, 1);
     lua_pushvalue(L, -1);
-    keys[i].key = lua_tostring(L, -1);               /* converts integer copies */
+    keys[i].key = lua_tostring(L, -1); /* converts integer copies */
     keys[i].order = 1 << 30;
     lua_rawseti(L, -3, (lua_Integer)(i + 1));
     i++;
@@ -208,7 +208,7 @@ table_to_json(lua_State *L, int idx, int depth, const char **err)
     }
     cJSON_AddItemToObject(out, keys[i].key, item);
   }
-  lua_pop(L, 1);                                     /* [] */
+  lua_pop(L, 1); /* [] */
   free(keys);
   return out;
 }
@@ -294,7 +294,7 @@ json_encode(lua_State *L)
 ** not hold already, and decoded strings turn U+FFFF back into NUL.
 ** Returns how many escapes were rewritten, or -1 when the text holds both.
 */
-#define NUL_STANDIN "\xEF\xBF\xBF"   /* U+FFFF in UTF-8 */
+#define NUL_STANDIN "\xEF\xBF\xBF" /* U+FFFF in UTF-8 */
 
 static long
 rewrite_nul_escapes(char *s, size_t n)
@@ -373,7 +373,8 @@ from_json(lua_State *L, const cJSON *j, int depth, int nul)
     lua_createtable(L, cJSON_GetArraySize(j), 0);
     push_mark(L, &ARRAY_MT_KEY, "array");
     lua_setmetatable(L, -2);
-    cJSON_ArrayForEach(c, j) {
+    cJSON_ArrayForEach(c, j)
+    {
       if (from_json(L, c, depth + 1, nul) < 0)
         return -1;
       lua_rawseti(L, -2, i++);
@@ -383,11 +384,12 @@ from_json(lua_State *L, const cJSON *j, int depth, int nul)
     lua_newtable(L);
     push_mark(L, &OBJECT_MT_KEY, "object");
     lua_setmetatable(L, -2);
-    cJSON_ArrayForEach(c, j) {
-      push_decoded(L, c->string, nul);                  /* [t, key] */
+    cJSON_ArrayForEach(c, j)
+    {
+      push_decoded(L, c->string, nul); /* [t, key] */
       if (from_json(L, c, depth + 1, nul) < 0)
         return -1;
-      lua_rawset(L, -3);                                /* [t] */
+      lua_rawset(L, -3); /* [t] */
     }
   }
   else
@@ -411,7 +413,8 @@ json_decode(lua_State *L)
     memcpy(copy, s, n);
     nul = rewrite_nul_escapes(copy, n);
     if (nul < 0)
-      return sbx_pushfail(L, "json", "a JSON text with both \\u0000 and U+FFFF in its strings is not supported");
+      return sbx_pushfail(L, "json",
+                          "a JSON text with both \\u0000 and U+FFFF in its strings is not supported");
     s = copy;
   }
   j = cJSON_ParseWithLengthOpts(s, n, &end, 0);
@@ -453,13 +456,11 @@ json_object(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg json_funcs[] = {
-  { "encode", json_encode },
-  { "decode", json_decode },
-  { "array", json_array },
-  { "object", json_object },
-  { NULL, NULL }
-};
+static const luaL_Reg json_funcs[] = { { "encode", json_encode },
+                                       { "decode", json_decode },
+                                       { "array", json_array },
+                                       { "object", json_object },
+                                       { NULL, NULL } };
 
 int
 sbx_open_json(lua_State *L)

@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #define BUFSZ (128 * 1024)
-#define MAX_DEPTH 256         /* directories an entry may nest in */
+#define MAX_DEPTH 256 /* directories an entry may nest in */
 
 /* A directory whose mode and time are set once everything in it is written. */
 struct dirmeta {
@@ -396,8 +396,8 @@ set_owner(struct unpack *u, int dfd, const char *leaf, struct archive_entry *e)
   if (!u->o->chown)
     return;
   /* Ignored when refused: a user namespace may not map the tar's ids. */
-  if (fchownat(dfd, leaf, (uid_t)archive_entry_uid(e), (gid_t)archive_entry_gid(e),
-               AT_SYMLINK_NOFOLLOW) != 0) {
+  if (fchownat(dfd, leaf, (uid_t)archive_entry_uid(e), (gid_t)archive_entry_gid(e), AT_SYMLINK_NOFOLLOW) !=
+      0) {
   }
 }
 
@@ -444,8 +444,10 @@ write_file(struct unpack *u, int dfd, const char *leaf, const char *path, struct
   if (declared < 0)
     declared = 0;
   if ((uint64_t)declared > u->o->max_bytes - u->r->bytes)
-    return fail(u, "too_large", "%s declares %lld bytes: more than the layer may hold (%llu bytes, policy.images.max_layer_bytes)",
-                path, (long long)declared, (unsigned long long)u->o->max_bytes);
+    return fail(
+      u, "too_large",
+      "%s declares %lld bytes: more than the layer may hold (%llu bytes, policy.images.max_layer_bytes)",
+      path, (long long)declared, (unsigned long long)u->o->max_bytes);
   if (charge(u, blocks_of((uint64_t)declared), path) != 0)
     return -1;
   fd = openat(dfd, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -501,7 +503,8 @@ whiteout(struct unpack *u, int dfd, const char *leaf, const char *path)
   struct stat st;
   if (strcmp(leaf, ".wh..wh..opq") == 0) {
     if (fsetxattr(dfd, "user.overlay.opaque", "y", 1, 0) != 0)
-      return fail(u, "io", "cannot mark the directory of %s opaque (user.overlay.opaque): %s", path, strerror(errno));
+      return fail(u, "io", "cannot mark the directory of %s opaque (user.overlay.opaque): %s", path,
+                  strerror(errno));
     /* For a mount without userxattr; only a privileged process may set it. */
     if (u->privileged && fsetxattr(dfd, "trusted.overlay.opaque", "y", 1, 0) != 0) {
     }
@@ -518,7 +521,8 @@ whiteout(struct unpack *u, int dfd, const char *leaf, const char *path)
   if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
     return 0;
   if (mknodat(dfd, name, S_IFCHR | 0, makedev(0, 0)) != 0)
-    return fail(u, "io", "cannot make the whiteout for %s (a 0/0 character device): %s", path, strerror(errno));
+    return fail(u, "io", "cannot make the whiteout for %s (a 0/0 character device): %s", path,
+                strerror(errno));
   u->r->whiteouts++;
   return 0;
 }
@@ -561,7 +565,9 @@ apply_entry(struct unpack *u, struct archive_entry *e)
     return fail(u, "bad_layer", "an entry without a readable name");
   n = sbx_layer_clean_path(name, path, sizeof path);
   if (n < 0)
-    return fail(u, "unsafe_entry", "the entry %.300s leaves the layer's root (a \"..\" component) or its name is too long", name);
+    return fail(u, "unsafe_entry",
+                "the entry %.300s leaves the layer's root (a \"..\" component) or its name is too long",
+                name);
   if (n == 0)
     return 0; /* the root itself: its mode belongs to the box */
   if (depth_of(path) > MAX_DEPTH)
@@ -581,9 +587,11 @@ apply_entry(struct unpack *u, struct archive_entry *e)
       u->r->skipped++;
       return 0;
     }
-    return fail(u, "device", "the entry %.300s is a %s device node (%u:%u): images may not carry device nodes (a box gets its /dev from the backend; policy.images.device_nodes = \"skip\" drops them)",
-                name, type == AE_IFCHR ? "character" : "block",
-                (unsigned)archive_entry_rdevmajor(e), (unsigned)archive_entry_rdevminor(e));
+    return fail(u, "device",
+                "the entry %.300s is a %s device node (%u:%u): images may not carry device nodes (a box gets "
+                "its /dev from the backend; policy.images.device_nodes = \"skip\" drops them)",
+                name, type == AE_IFCHR ? "character" : "block", (unsigned)archive_entry_rdevmajor(e),
+                (unsigned)archive_entry_rdevminor(e));
   }
   if (!hl && type == AE_IFSOCK) {
     u->r->skipped++;
@@ -612,7 +620,10 @@ apply_entry(struct unpack *u, struct archive_entry *e)
           path[strlen(path)] = '/';
         return defer_link(u, path, tpath);
       }
-      return fail(u, "unsafe_entry", "the hard link %.300s points to %.300s, which is not a file this layer holds (links may not leave the tree)", name, hl);
+      return fail(u, "unsafe_entry",
+                  "the hard link %.300s points to %.300s, which is not a file this layer holds (links may "
+                  "not leave the tree)",
+                  name, hl);
     }
     rc = make_room(u, dfd, leaf, 0, &kept, name);
     if (rc < 0 || (rc == 1 && (dfd = parent_fd(u, dir)) < 0)) {
@@ -670,7 +681,10 @@ apply_entry(struct unpack *u, struct archive_entry *e)
 
 no_parent:
   if (errno == ELOOP || errno == ENOTDIR)
-    return fail(u, "unsafe_entry", "the entry %.300s goes through a symlink or a file (%.300s): nothing is written through links", name, *dir ? dir : ".");
+    return fail(
+      u, "unsafe_entry",
+      "the entry %.300s goes through a symlink or a file (%.300s): nothing is written through links", name,
+      *dir ? dir : ".");
   return fail(u, "io", "cannot open the directory of %.300s: %s", name, strerror(errno));
 }
 
@@ -976,7 +990,9 @@ sbx_layer_link_lower(int root_fd, const int *lowers, size_t n, const char *path,
     where = lookup(lowers[i], tg, &src, &opaque);
   if (where != FOUND) {
     snprintf(code, codesz, "unsafe_entry");
-    snprintf(msg, msgsz, "the hard link %.300s points to %.300s, which neither this layer nor one below holds as a file", path, target);
+    snprintf(msg, msgsz,
+             "the hard link %.300s points to %.300s, which neither this layer nor one below holds as a file",
+             path, target);
     return -1;
   }
   leaf = split_leaf(p, &dir);

@@ -59,31 +59,31 @@ int sbx_layer_budget_over(const struct sbx_layer_budget *b);
 #define SBX_LAYER_BUDGETS 2
 
 struct sbx_layer_opts {
-  int in_fd;              /* the input, read from its current offset to its end */
-  const char *member;     /* NULL, or the name of the input's tar entry holding the layer */
-  int root_fd;            /* the directory to write into (should be empty) */
-  const char *digest;     /* "sha256:<hex>" of the raw bytes (the blob), or NULL */
-  const char *diff_id;    /* "sha256:<hex>" of the uncompressed tar, or NULL */
-  uint64_t max_bytes;     /* regular file bytes the layer may hold */
-  uint64_t max_entries;   /* entries the layer may hold */
-  int skip_devices;       /* 1: skip device nodes; 0: refuse them */
-  int whiteouts;          /* 1: .wh. names are OCI whiteouts; 0: plain names */
-  int chown;              /* 1: give entries the tar's owners (root only) */
-  volatile int *cancel;   /* set from another thread: stop with "cancelled" */
+  int in_fd;            /* the input, read from its current offset to its end */
+  const char *member;   /* NULL, or the name of the input's tar entry holding the layer */
+  int root_fd;          /* the directory to write into (should be empty) */
+  const char *digest;   /* "sha256:<hex>" of the raw bytes (the blob), or NULL */
+  const char *diff_id;  /* "sha256:<hex>" of the uncompressed tar, or NULL */
+  uint64_t max_bytes;   /* regular file bytes the layer may hold */
+  uint64_t max_entries; /* entries the layer may hold */
+  int skip_devices;     /* 1: skip device nodes; 0: refuse them */
+  int whiteouts;        /* 1: .wh. names are OCI whiteouts; 0: plain names */
+  int chown;            /* 1: give entries the tar's owners (root only) */
+  volatile int *cancel; /* set from another thread: stop with "cancelled" */
   struct sbx_layer_budget *budgets[SBX_LAYER_BUDGETS]; /* NULL or shared budgets, each charged */
-  int defer_links;        /* 1: a hard link to a file this layer lacks is put off (result's deferred) */
+  int defer_links; /* 1: a hard link to a file this layer lacks is put off (result's deferred) */
 };
 
 struct sbx_layer_result {
-  uint64_t bytes;         /* regular file bytes written */
-  uint64_t disk;          /* an estimate of the disk space used */
+  uint64_t bytes; /* regular file bytes written */
+  uint64_t disk;  /* an estimate of the disk space used */
   uint64_t entries;
   uint64_t whiteouts;
-  uint64_t skipped;       /* entries skipped (sockets, devices when asked) */
-  uint64_t raw_bytes;     /* bytes read from the input (the blob's size) */
-  char digest[80];        /* "sha256:<hex>" of the raw bytes */
-  char diff_id[80];       /* "sha256:<hex>" of the uncompressed tar */
-  char code[32];          /* "" on success, else a stable short code */
+  uint64_t skipped;   /* entries skipped (sockets, devices when asked) */
+  uint64_t raw_bytes; /* bytes read from the input (the blob's size) */
+  char digest[80];    /* "sha256:<hex>" of the raw bytes */
+  char diff_id[80];   /* "sha256:<hex>" of the uncompressed tar */
+  char code[32];      /* "" on success, else a stable short code */
   char message[SBX_LAYER_MSG];
   /* With defer_links: hard links whose target a lower layer holds, as
   ** "path\0target\0" pairs (clean paths), in the tar's order; freed by

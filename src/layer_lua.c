@@ -37,15 +37,24 @@ static const char *
 errno_code(int e)
 {
   switch (e) {
-  case ENOENT: return "ENOENT";
-  case EACCES: return "EACCES";
-  case EPERM: return "EPERM";
-  case ENOSPC: return "ENOSPC";
-  case EEXIST: return "EEXIST";
-  case ENOTDIR: return "ENOTDIR";
-  case ELOOP: return "ELOOP";
-  case EXDEV: return "EXDEV";
-  default: return "io";
+  case ENOENT:
+    return "ENOENT";
+  case EACCES:
+    return "EACCES";
+  case EPERM:
+    return "EPERM";
+  case ENOSPC:
+    return "ENOSPC";
+  case EEXIST:
+    return "EEXIST";
+  case ENOTDIR:
+    return "ENOTDIR";
+  case ELOOP:
+    return "ELOOP";
+  case EXDEV:
+    return "EXDEV";
+  default:
+    return "io";
   }
 }
 
@@ -101,7 +110,7 @@ enum { JOB_UNPACK, JOB_REMOVE, JOB_SCAN };
 
 struct scan_entry {
   char *name, *link, *data;
-  char type;                    /* f d l h (hard link) o (other) */
+  char type; /* f d l h (hard link) o (other) */
   int64_t size;
   size_t data_len;
 };
@@ -114,7 +123,7 @@ struct layer_op;
 */
 struct job {
   uv_work_t work;
-  struct layer_op *op;          /* NULL once nobody waits */
+  struct layer_op *op; /* NULL once nobody waits */
   volatile int cancel;
   int kind;
   char *file, *root, *member, *dest, *digest, *diff_id;
@@ -211,7 +220,8 @@ scan_add(struct job *j, struct archive *a, struct archive_entry *e)
     s->link = strdup(hl ? hl : sl);
   if (!s->name || ((hl || sl) && !s->link))
     return -1;
-  if (s->type == 'f' && s->size >= 0 && (size_t)s->size <= j->small && j->kept + (size_t)s->size <= j->total) {
+  if (s->type == 'f' && s->size >= 0 && (size_t)s->size <= j->small &&
+      j->kept + (size_t)s->size <= j->total) {
     la_ssize_t n;
     s->data = malloc((size_t)s->size + 1);
     if (!s->data)
@@ -325,7 +335,7 @@ static int
 job_start(lua_State *L, struct job *j, lua_KFunction k)
 {
   struct sbx_host *h = sbx_host_get(L);
-  struct layer_op *op = (struct layer_op *)sbx_op_new(L, sizeof *op, op_cancel);   /* [..., op] */
+  struct layer_op *op = (struct layer_op *)sbx_op_new(L, sizeof *op, op_cancel); /* [..., op] */
   op->job = j;
   j->op = op;
   j->work.data = j;
@@ -438,7 +448,8 @@ is_digest(const char *s)
 **   max_bytes =, max_entries =, devices = "refuse"|"skip", whiteouts =,
 **   chown =, budgets = { layer.budget, ... }, defer_links = } -> ...,
 **   deferred = { { path, target }, ... } (defer_links: hard links to files
-**   this layer lacks, for layer.link_lower once the layers below are there) -> { bytes, disk, entries, whiteouts, skipped, raw_bytes,
+**   this layer lacks, for layer.link_lower once the layers below are there) -> { bytes, disk, entries,
+*whiteouts, skipped, raw_bytes,
 **   digest, diff_id } | nil, message, code
 ** Unpacks the blob at file (inside root when given: resolved as if root
 ** were "/"; or the tar member named member of that file) into the
@@ -566,8 +577,8 @@ scan_k(lua_State *L, int status, lua_KContext ctx)
     return 3;
   }
   lua_createtable(L, 0, 2);
-  lua_createtable(L, (int)j->n, 0);                            /* [t, entries] */
-  lua_newtable(L);                                            /* [t, entries, files] */
+  lua_createtable(L, (int)j->n, 0); /* [t, entries] */
+  lua_newtable(L);                  /* [t, entries, files] */
   for (i = 0; i < j->n; i++) {
     struct scan_entry *s = &j->entries[i];
     char type[2] = { s->type, 0 };
@@ -780,8 +791,10 @@ layer_stat(lua_State *L)
   if (lstat(path, &st) != 0)
     return push_errno(L, "cannot stat", path);
   lua_createtable(L, 0, 7);
-  lua_pushstring(L, S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "dir"
-                    : S_ISLNK(st.st_mode) ? "link" : "other");
+  lua_pushstring(L, S_ISREG(st.st_mode)   ? "file"
+                    : S_ISDIR(st.st_mode) ? "dir"
+                    : S_ISLNK(st.st_mode) ? "link"
+                                          : "other");
   lua_setfield(L, -2, "type");
   lua_pushinteger(L, (lua_Integer)st.st_size);
   lua_setfield(L, -2, "size");
@@ -830,7 +843,7 @@ layer_euid(lua_State *L)
 /* ---------------------------------------------------------------- locks */
 
 struct lock_ud {
-  int fd;                       /* -1 once released */
+  int fd; /* -1 once released */
 };
 
 /*
@@ -889,18 +902,12 @@ lock_held(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg lock_methods[] = {
-  { "close", lock_close },
-  { "held", lock_held },
-  { NULL, NULL }
-};
+static const luaL_Reg lock_methods[] = { { "close", lock_close }, { "held", lock_held }, { NULL, NULL } };
 
-static const luaL_Reg lock_meta[] = {
-  { "__gc", lock_close },
-  { "__close", lock_close },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg lock_meta[] = { { "__gc", lock_close },
+                                      { "__close", lock_close },
+                                      { "__index", NULL },
+                                      { NULL, NULL } };
 
 /*
 ** layer.link_lower(root, lowers, links) -> true | nil, message, code:
@@ -1024,37 +1031,21 @@ budget_gc(lua_State *L)
   return 0;
 }
 
-static const luaL_Reg budget_methods[] = {
-  { "used", budget_used },
-  { "limit", budget_limit },
-  { "over", budget_over },
-  { NULL, NULL }
-};
+static const luaL_Reg budget_methods[] = { { "used", budget_used },
+                                           { "limit", budget_limit },
+                                           { "over", budget_over },
+                                           { NULL, NULL } };
 
-static const luaL_Reg budget_meta[] = {
-  { "__gc", budget_gc },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg budget_meta[] = { { "__gc", budget_gc }, { "__index", NULL }, { NULL, NULL } };
 
-static const luaL_Reg layer_funcs[] = {
-  { "budget", layer_budget },
-  { "link_lower", layer_link_lower },
-  { "unpack", layer_unpack },
-  { "remove", layer_remove },
-  { "scan", layer_scan },
-  { "read", layer_read },
-  { "sha256", layer_sha256 },
-  { "mkdirs", layer_mkdirs },
-  { "mkdtemp", layer_mkdtemp },
-  { "list", layer_list },
-  { "stat", layer_stat },
-  { "touch", layer_touch },
-  { "machine", layer_machine },
-  { "euid", layer_euid },
-  { "lock", layer_lock },
-  { NULL, NULL }
-};
+static const luaL_Reg layer_funcs[] = { { "budget", layer_budget },   { "link_lower", layer_link_lower },
+                                        { "unpack", layer_unpack },   { "remove", layer_remove },
+                                        { "scan", layer_scan },       { "read", layer_read },
+                                        { "sha256", layer_sha256 },   { "mkdirs", layer_mkdirs },
+                                        { "mkdtemp", layer_mkdtemp }, { "list", layer_list },
+                                        { "stat", layer_stat },       { "touch", layer_touch },
+                                        { "machine", layer_machine }, { "euid", layer_euid },
+                                        { "lock", layer_lock },       { NULL, NULL } };
 
 int
 sbx_open_layer(lua_State *L)

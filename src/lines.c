@@ -22,12 +22,12 @@ struct lines {
     uv_tty_t tty;
   } u;
   int fd;
-  int is_file;            /* regular file: plain blocking reads */
+  int is_file; /* regular file: plain blocking reads */
   int handle_open;
   int reading;
   int eof;
   int err;
-  int skipping;           /* dropping the rest of a line reported too long */
+  int skipping; /* dropping the rest of a line reported too long */
   char *buf;
   size_t len, cap, max_line;
   struct sbx_waiter *reader;
@@ -130,7 +130,6 @@ read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     wake(l);
   }
 }
-
 
 /*
 ** Pushes the next line (without its newline) or nil, reason. A line longer
@@ -310,23 +309,14 @@ lines_open(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg lines_funcs[] = {
-  { "open", lines_open },
-  { NULL, NULL }
-};
+static const luaL_Reg lines_funcs[] = { { "open", lines_open }, { NULL, NULL } };
 
-static const luaL_Reg lines_methods[] = {
-  { "read", lines_read },
-  { "close", lines_gc },
-  { NULL, NULL }
-};
+static const luaL_Reg lines_methods[] = { { "read", lines_read }, { "close", lines_gc }, { NULL, NULL } };
 
-static const luaL_Reg lines_meta[] = {
-  { "__gc", lines_gc },
-  { "__close", lines_gc },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg lines_meta[] = { { "__gc", lines_gc },
+                                       { "__close", lines_gc },
+                                       { "__index", NULL },
+                                       { NULL, NULL } };
 
 int
 sbx_open_lines(lua_State *L)

@@ -58,7 +58,7 @@ main(int argc, char **argv)
   lua_State *L;
   int status, code = 1;
   struct sigaction sa;
-  sbx_init();   /* as PID 1: an init that reaps and forwards, then sbx */
+  sbx_init(); /* as PID 1: an init that reaps and forwards, then sbx */
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigpipe;
   sa.sa_flags = SA_RESTART;

@@ -42,9 +42,8 @@ static const struct {
   const char *name;
   int sig;
 } signals[] = {
-  { "KILL", SIGKILL }, { "STOP", SIGSTOP }, { "CONT", SIGCONT }, { "TERM", SIGTERM },
-  { "INT", SIGINT },   { "HUP", SIGHUP },   { "QUIT", SIGQUIT }, { "USR1", SIGUSR1 },
-  { "USR2", SIGUSR2 }, { NULL, 0 },
+  { "KILL", SIGKILL }, { "STOP", SIGSTOP }, { "CONT", SIGCONT }, { "TERM", SIGTERM }, { "INT", SIGINT },
+  { "HUP", SIGHUP },   { "QUIT", SIGQUIT }, { "USR1", SIGUSR1 }, { "USR2", SIGUSR2 }, { NULL, 0 },
 };
 
 /* The signal at arg: a name (with or without "SIG") or a number. Raises. */
@@ -83,7 +82,10 @@ proc_signal(lua_State *L)
   sig = check_signal(L, 2);
   if (kill((pid_t)pid, sig) != 0) {
     int e = errno;
-    return sbx_pushfail(L, e == ESRCH ? "ESRCH" : e == EPERM ? "EPERM" : "error",
+    return sbx_pushfail(L,
+                        e == ESRCH   ? "ESRCH"
+                        : e == EPERM ? "EPERM"
+                                     : "error",
                         "cannot signal process %d: %s", (int)pid, strerror(e));
   }
   lua_pushboolean(L, 1);
@@ -98,16 +100,16 @@ proc_signal(lua_State *L)
 ** handle is closed only then, and the struct freed when both are done.
 */
 struct process {
-  uv_poll_t h;                 /* on the pidfd */
+  uv_poll_t h; /* on the pidfd */
   struct sbx_host *host;
-  int refs;                    /* the userdata, and the handle until closed */
+  int refs; /* the userdata, and the handle until closed */
   int pidfd;
   int pid;
   int exited;
   int64_t status;
   int term_signal;
-  int close_kills;             /* close() and the collector end it */
-  struct sbx_waiter *waiter;   /* a :wait in progress */
+  int close_kills;           /* close() and the collector end it */
+  struct sbx_waiter *waiter; /* a :wait in progress */
 };
 
 struct process_ud {
@@ -139,10 +141,10 @@ exit_cb(uv_poll_t *h, int status, int events)
   memset(&si, 0, sizeof si);
   r = waitid((idtype_t)P_PIDFD, (id_t)p->pidfd, &si, WEXITED | WNOHANG);
   if ((r == 0 && si.si_pid == 0) || (r != 0 && (errno == EAGAIN || errno == EINTR)))
-    return;   /* not yet */
+    return; /* not yet */
   p->exited = 1;
   if (r != 0)
-    p->status = -1;   /* reaped by someone else: no status to tell */
+    p->status = -1; /* reaped by someone else: no status to tell */
   else if (si.si_code == CLD_EXITED)
     p->status = si.si_status;
   else {
@@ -150,7 +152,7 @@ exit_cb(uv_poll_t *h, int status, int events)
     p->status = 128 + si.si_status;
   }
   if (p->waiter)
-    sbx_wake(p->waiter);   /* detach clears p->waiter */
+    sbx_wake(p->waiter); /* detach clears p->waiter */
   uv_poll_stop(h);
   uv_close((uv_handle_t *)h, process_closed);
   close(p->pidfd);
@@ -216,7 +218,7 @@ string_list(lua_State *L, int t, const char *what)
     if (lua_type(L, -1) != LUA_TSTRING)
       luaL_error(L, "%s[%d] must be a string", what, (int)i);
     v[i - 1] = (char *)lua_tostring(L, -1);
-    lua_pop(L, 1);  /* the table keeps the string alive */
+    lua_pop(L, 1); /* the table keeps the string alive */
   }
   v[n] = NULL;
   return v;
@@ -304,23 +306,23 @@ proc_spawn(lua_State *L)
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
   child.n = parent.n = 0;
-  lua_getfield(L, 1, "argv");                               /* [opts, argv] */
+  lua_getfield(L, 1, "argv"); /* [opts, argv] */
   luaL_argcheck(L, lua_istable(L, 2) && luaL_len(L, 2) > 0, 1, "argv must be a non-empty list");
-  argv = string_list(L, 2, "argv");                         /* [opts, argv, argv*] */
-  lua_getfield(L, 1, "env");                                /* [.., env] */
+  argv = string_list(L, 2, "argv"); /* [opts, argv, argv*] */
+  lua_getfield(L, 1, "env");        /* [.., env] */
   if (!lua_isnil(L, 4)) {
     luaL_argcheck(L, lua_istable(L, 4), 1, "env must be a list of NAME=value");
-    env = string_list(L, 4, "env");                         /* [.., env, env*] */
+    env = string_list(L, 4, "env"); /* [.., env, env*] */
   }
   else
     lua_pushnil(L);
-  lua_getfield(L, 1, "cwd");                                /* [.., cwd] */
+  lua_getfield(L, 1, "cwd"); /* [.., cwd] */
   cwd = luaL_optstring(L, -1, NULL);
   want_in = opt_bool(L, 1, "stdin", 0);
   want_out = opt_bool(L, 1, "stdout", 1);
   want_err = opt_bool(L, 1, "stderr", 1);
   want_sync = opt_bool(L, 1, "sync", 0);
-  lua_getfield(L, 1, "files");                              /* [.., files] */
+  lua_getfield(L, 1, "files"); /* [.., files] */
   luaL_argcheck(L, lua_isnil(L, -1) || lua_istable(L, -1), 1, "files must be a table fd = bytes");
   base = lua_gettop(L);
 
@@ -332,9 +334,12 @@ proc_spawn(lua_State *L)
       (want_sync && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)) {
     int e = errno;
     for (i = 0; i < 2; i++) {
-      if (in[i] >= 0) close(in[i]);
-      if (out[i] >= 0) close(out[i]);
-      if (err[i] >= 0) close(err[i]);
+      if (in[i] >= 0)
+        close(in[i]);
+      if (out[i] >= 0)
+        close(out[i]);
+      if (err[i] >= 0)
+        close(err[i]);
     }
     return sbx_pushfail(L, "EMFILE", "cannot make the process's pipes: %s", strerror(e));
   }
@@ -459,7 +464,7 @@ proc_spawn(lua_State *L)
   uv_poll_start(&p->h, UV_READABLE, exit_cb);
   p->refs = 2;
   p->close_kills = opt_bool(L, 1, "close_kills", 1);
-  ud = lua_newuserdatauv(L, sizeof *ud, 0);                 /* [.., process] */
+  ud = lua_newuserdatauv(L, sizeof *ud, 0); /* [.., process] */
   ud->p = p;
   luaL_setmetatable(L, PROCESS_MT);
   /* The parent's ends now belong to the streams. */
@@ -469,7 +474,7 @@ proc_spawn(lua_State *L)
     lua_createtable(L, 0, 2);
     lua_pushboolean(L, 1);
     lua_setfield(L, -2, "chunks");
-    sbx_stream_pipes(L, -1, wfd, sv[0], -1);                /* [.., process, stream, t, sync] */
+    sbx_stream_pipes(L, -1, wfd, sv[0], -1); /* [.., process, stream, t, sync] */
     lua_remove(L, -2);
     return 3;
   }
@@ -609,28 +614,17 @@ process_tostring(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg proc_funcs[] = {
-  { "signal", proc_signal },
-  { "spawn", proc_spawn },
-  { NULL, NULL }
-};
+static const luaL_Reg proc_funcs[] = { { "signal", proc_signal }, { "spawn", proc_spawn }, { NULL, NULL } };
 
-static const luaL_Reg process_methods[] = {
-  { "pid", process_pid },
-  { "kill", process_kill },
-  { "info", process_info },
-  { "wait", process_wait },
-  { "close", process_close },
-  { NULL, NULL }
-};
+static const luaL_Reg process_methods[] = { { "pid", process_pid },     { "kill", process_kill },
+                                            { "info", process_info },   { "wait", process_wait },
+                                            { "close", process_close }, { NULL, NULL } };
 
-static const luaL_Reg process_meta[] = {
-  { "__gc", process_close },
-  { "__close", process_close },
-  { "__tostring", process_tostring },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg process_meta[] = { { "__gc", process_close },
+                                         { "__close", process_close },
+                                         { "__tostring", process_tostring },
+                                         { "__index", NULL },
+                                         { NULL, NULL } };
 
 int
 sbx_open_proc(lua_State *L)

@@ -25,8 +25,7 @@ sbx_pty_unescape_init(struct sbx_pty_unescape *d)
 }
 
 int
-sbx_pty_unescape(struct sbx_pty_unescape *d, const void *in, size_t n, void *out,
-                 size_t *outlen)
+sbx_pty_unescape(struct sbx_pty_unescape *d, const void *in, size_t n, void *out, size_t *outlen)
 {
   const unsigned char *p = in;
   unsigned char *o = out;
@@ -39,9 +38,11 @@ sbx_pty_unescape(struct sbx_pty_unescape *d, const void *in, size_t n, void *out
       }
       o[k++] = SBX_PTY_ESC;
       d->pending = 0;
-    } else if (p[i] == SBX_PTY_ESC) {
+    }
+    else if (p[i] == SBX_PTY_ESC) {
       d->pending = 1;
-    } else {
+    }
+    else {
       o[k++] = p[i];
     }
   }

@@ -35,8 +35,7 @@ void sbx_pty_unescape_init(struct sbx_pty_unescape *d);
 /* Decodes in[0..n) into out (room for n bytes); *outlen gets the length.
 ** Returns 0, or -1 at an EF followed by a byte other than 30 (*outlen then
 ** counts the bytes decoded before it). */
-int sbx_pty_unescape(struct sbx_pty_unescape *d, const void *in, size_t n, void *out,
-                     size_t *outlen);
+int sbx_pty_unescape(struct sbx_pty_unescape *d, const void *in, size_t n, void *out, size_t *outlen);
 
 /* Whether the stream may end here (no EF waits for its 30). */
 int sbx_pty_unescape_done(const struct sbx_pty_unescape *d);

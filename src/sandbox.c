@@ -69,7 +69,7 @@ syscalls(lua_State *L, int t, const char *field, int *n)
   if (!lua_istable(L, -1))
     luaL_error(L, "%s must be a list of syscall names", field);
   len = luaL_len(L, -1);
-  nrs = lua_newuserdatauv(L, sizeof(int) * (size_t)(len + 1), 0);   /* [.., list, nrs] */
+  nrs = lua_newuserdatauv(L, sizeof(int) * (size_t)(len + 1), 0); /* [.., list, nrs] */
   for (i = 1; i <= len; i++) {
     const char *name;
     lua_geti(L, -2, i);
@@ -99,8 +99,7 @@ static int
 sandbox_seccomp(lua_State *L)
 {
   static const unsigned long ns_flags[] = {
-    CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
-    CLONE_NEWCGROUP,
+    CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
   };
   scmp_filter_ctx ctx;
   int rc = 0, fd, ndeny, nenosys, namespaces, i;
@@ -110,8 +109,8 @@ sandbox_seccomp(lua_State *L)
   char *out;
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  deny = syscalls(L, 1, "deny", &ndeny);                    /* [t, deny] */
-  enosys = syscalls(L, 1, "enosys", &nenosys);              /* [t, deny, enosys] */
+  deny = syscalls(L, 1, "deny", &ndeny);       /* [t, deny] */
+  enosys = syscalls(L, 1, "enosys", &nenosys); /* [t, deny, enosys] */
   lua_getfield(L, 1, "deny_namespaces");
   namespaces = lua_toboolean(L, -1);
   lua_pop(L, 1);
@@ -248,8 +247,11 @@ sandbox_stat(lua_State *L)
   const char *type;
   if (lstat(path, &st) != 0)
     return push_errno(L, errno, "stat", path);
-  type = S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "dir" : S_ISLNK(st.st_mode) ? "link"
-       : S_ISSOCK(st.st_mode) ? "socket" : "other";
+  type = S_ISREG(st.st_mode)    ? "file"
+         : S_ISDIR(st.st_mode)  ? "dir"
+         : S_ISLNK(st.st_mode)  ? "link"
+         : S_ISSOCK(st.st_mode) ? "socket"
+                                : "other";
   lua_createtable(L, 0, 5);
   lua_pushstring(L, type);
   lua_setfield(L, -2, "type");
@@ -356,20 +358,12 @@ sandbox_launcher(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg sandbox_funcs[] = {
-  { "seccomp", sandbox_seccomp },
-  { "write", sandbox_write },
-  { "mkdir", sandbox_mkdir },
-  { "rmdir", sandbox_rmdir },
-  { "unlink", sandbox_unlink },
-  { "list", sandbox_list },
-  { "ids", sandbox_ids },
-  { "rlimit", sandbox_rlimit },
-  { "stat", sandbox_stat },
-  { "install", sandbox_install },
-  { "launcher", sandbox_launcher },
-  { NULL, NULL }
-};
+static const luaL_Reg sandbox_funcs[] = { { "seccomp", sandbox_seccomp },   { "write", sandbox_write },
+                                          { "mkdir", sandbox_mkdir },       { "rmdir", sandbox_rmdir },
+                                          { "unlink", sandbox_unlink },     { "list", sandbox_list },
+                                          { "ids", sandbox_ids },           { "rlimit", sandbox_rlimit },
+                                          { "stat", sandbox_stat },         { "install", sandbox_install },
+                                          { "launcher", sandbox_launcher }, { NULL, NULL } };
 
 int
 sbx_open_sandbox(lua_State *L)

@@ -168,8 +168,7 @@ close_others(int keep, int keep2)
     die("cannot list /proc/self/fd: %s", strerror(errno));
   while ((e = readdir(d)) && nfds < 1024) {
     int fd = atoi(e->d_name);
-    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 3 && fd != dirfd(d) && fd != keep &&
-        fd != keep2)
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 3 && fd != dirfd(d) && fd != keep && fd != keep2)
       fds[nfds++] = fd;
   }
   closedir(d);
@@ -182,8 +181,7 @@ static const char *cgroups[MAX_CGROUPS];
 static int ncgroups;
 static const char *boxdir;
 
-static void __attribute__((noreturn))
-leave(void)
+static void __attribute__((noreturn)) leave(void)
 {
   char path[4096];
   int i;
@@ -333,8 +331,7 @@ remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
   return 0;
 }
 
-static void __attribute__((noreturn))
-usage_of(const char *nsfile, const char *dir)
+static void __attribute__((noreturn)) usage_of(const char *nsfile, const char *dir)
 {
   int fd = open(nsfile, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -500,8 +497,8 @@ main(int argc, char **argv)
       make_dir(ops[i].args[1]);
       make_dir(ops[i].args[2]);
       make_dir(ops[i].args[3]);
-      n = snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
-                   ops[i].args[0], ops[i].args[1], ops[i].args[2]);
+      n = snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr", ops[i].args[0],
+                   ops[i].args[1], ops[i].args[2]);
       if (n < 0 || n >= (int)sizeof data)
         die("the image's layer paths are too long for one overlay mount (%d bytes)", n);
       if (mount("overlay", ops[i].args[3], "overlay", MS_NOSUID | MS_NODEV, data) != 0)

@@ -29,16 +29,34 @@ block(struct sbx_sha256 *c, const uint8_t *p)
     uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
     w[i] = w[i - 16] + s0 + w[i - 7] + s1;
   }
-  a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3];
-  e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+  a = c->h[0];
+  b = c->h[1];
+  cc = c->h[2];
+  d = c->h[3];
+  e = c->h[4];
+  f = c->h[5];
+  g = c->h[6];
+  h = c->h[7];
   for (i = 0; i < 64; i++) {
     t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
     t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
-    h = g; g = f; f = e; e = d + t1;
-    d = cc; cc = b; b = a; a = t1 + t2;
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = cc;
+    cc = b;
+    b = a;
+    a = t1 + t2;
   }
-  c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d;
-  c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+  c->h[0] += a;
+  c->h[1] += b;
+  c->h[2] += cc;
+  c->h[3] += d;
+  c->h[4] += e;
+  c->h[5] += f;
+  c->h[6] += g;
+  c->h[7] += h;
 }
 
 void
@@ -102,7 +120,8 @@ sbx_hmac_sha256(const uint8_t *key, size_t keylen, const void *a, size_t an, con
     sbx_sha256_init(&s);
     sbx_sha256_update(&s, key, keylen);
     sbx_sha256_final(&s, k);
-  } else {
+  }
+  else {
     memcpy(k, key, keylen);
   }
   for (i = 0; i < 64; i++) {

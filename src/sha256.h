@@ -21,7 +21,7 @@ void sbx_sha256_update(struct sbx_sha256 *c, const void *data, size_t n);
 void sbx_sha256_final(struct sbx_sha256 *c, uint8_t out[32]);
 
 /* HMAC over the concatenation of up to three parts (NULL parts skipped). */
-void sbx_hmac_sha256(const uint8_t *key, size_t keylen, const void *a, size_t an, const void *b,
-                     size_t bn, const void *c, size_t cn, uint8_t out[32]);
+void sbx_hmac_sha256(const uint8_t *key, size_t keylen, const void *a, size_t an, const void *b, size_t bn,
+                     const void *c, size_t cn, uint8_t out[32]);
 
 #endif

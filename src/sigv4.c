@@ -17,14 +17,16 @@
 #include <string.h>
 #include <time.h>
 
-#define SIGV4_MAX_TEXT ((size_t)16 << 20)  /* cap on any string we build */
+#define SIGV4_MAX_TEXT ((size_t)16 << 20) /* cap on any string we build */
 
 const char *
 sbx_sigv4_strerror(int code)
 {
   switch (code) {
-#define SBX_SIGV4_TEXT(name, num, text) case (num): return (text);
-  SBX_SIGV4_ERRORS(SBX_SIGV4_TEXT)
+#define SBX_SIGV4_TEXT(name, num, text)                                                                      \
+  case (num):                                                                                                \
+    return (text);
+    SBX_SIGV4_ERRORS(SBX_SIGV4_TEXT)
 #undef SBX_SIGV4_TEXT
   case 0:
     return "success";
@@ -38,7 +40,7 @@ sbx_sigv4_strerror(int code)
 struct buf {
   char *p;
   size_t len, cap;
-  int err;            /* first failure; later appends do nothing */
+  int err; /* first failure; later appends do nothing */
 };
 
 static void
@@ -106,17 +108,16 @@ buf_take(struct buf *b, char **out)
 static int
 is_unreserved(unsigned char c)
 {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.' ||
-         c == '~';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.' || c == '~';
 }
 
 /* RFC 9110 tchar: what a method or a header name may contain. */
 static int
 is_tchar(unsigned char c)
 {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-         (c >= '0' && c <= '9') || (c && strchr("!#$%&'*+-.^_`|~", c));
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c));
 }
 
 static int
@@ -265,8 +266,7 @@ sbx_sigv4_sha256_hex(const void *p, size_t n, char hex[65])
   unsigned int mdlen = 0;
   if (!p && n)
     return SBX_SIGV4_EINVAL;
-  if (!EVP_Digest(p ? p : "", n, md, &mdlen, EVP_sha256(), NULL) ||
-      mdlen != 32)
+  if (!EVP_Digest(p ? p : "", n, md, &mdlen, EVP_sha256(), NULL) || mdlen != 32)
     return SBX_SIGV4_ECRYPTO;
   hex_of(md, 32, hex);
   return 0;
@@ -274,29 +274,25 @@ sbx_sigv4_sha256_hex(const void *p, size_t n, char hex[65])
 
 /* out = HMAC-SHA256(key, msg); 32 bytes. */
 static int
-hmac(const void *key, size_t keylen, const char *msg, size_t n,
-     unsigned char out[32])
+hmac(const void *key, size_t keylen, const char *msg, size_t n, unsigned char out[32])
 {
   unsigned int outlen = 0;
   if (keylen > INT_MAX)
     return SBX_SIGV4_EINVAL;
-  if (!HMAC(EVP_sha256(), key, (int)keylen, (const unsigned char *)msg, n,
-           out, &outlen) || outlen != 32)
+  if (!HMAC(EVP_sha256(), key, (int)keylen, (const unsigned char *)msg, n, out, &outlen) || outlen != 32)
     return SBX_SIGV4_ECRYPTO;
   return 0;
 }
 
 int
-sbx_sigv4_signing_key(const char *secret_key, const char *amz_date,
-                      const char *region, const char *service,
+sbx_sigv4_signing_key(const char *secret_key, const char *amz_date, const char *region, const char *service,
                       unsigned char key[32])
 {
   unsigned char k1[32], k2[32];
   size_t slen;
   char *ksecret;
   int rc;
-  if (!secret_key || !amz_date || strlen(amz_date) < 8 || !region ||
-      !service)
+  if (!secret_key || !amz_date || strlen(amz_date) < 8 || !region || !service)
     return SBX_SIGV4_EINVAL;
   slen = strlen(secret_key);
   if (slen > INT_MAX - 4)
@@ -324,8 +320,7 @@ sbx_sigv4_signing_key(const char *secret_key, const char *amz_date,
 }
 
 int
-sbx_sigv4_signature(const unsigned char key[32], const char *msg,
-                    char hex[65])
+sbx_sigv4_signature(const unsigned char key[32], const char *msg, char hex[65])
 {
   unsigned char md[32];
   int rc;
@@ -405,8 +400,8 @@ sbx_sigv4_canonical_uri(const char *path, unsigned flags, char **out)
 /* {====== canonical query */
 
 struct param {
-  char *s;            /* "encoded-name=encoded-value" */
-  size_t klen;        /* length of the name part */
+  char *s;     /* "encoded-name=encoded-value" */
+  size_t klen; /* length of the name part */
 };
 
 struct params {
@@ -418,8 +413,7 @@ struct params {
 /* Adds one parameter, encoding name and value; with decode they are first
 ** percent-decoded (they come from a raw query string). */
 static void
-params_add(struct params *ps, const char *k, size_t kn, const char *v,
-           size_t vn, int decode)
+params_add(struct params *ps, const char *k, size_t kn, const char *v, size_t vn, int decode)
 {
   struct buf raw = { 0 }, enc = { 0 };
   size_t klen;
@@ -475,8 +469,7 @@ params_add_raw(struct params *ps, const char *query)
     eq = memchr(p, '=', len);
     if (len) {
       if (eq)
-        params_add(ps, p, (size_t)(eq - p), eq + 1, len - (size_t)(eq - p) - 1,
-                   1);
+        params_add(ps, p, (size_t)(eq - p), eq + 1, len - (size_t)(eq - p) - 1, 1);
       else
         params_add(ps, p, len, "", 0, 1);
     }
@@ -545,7 +538,7 @@ sbx_sigv4_canonical_query(const char *query, char **out)
 struct hdr {
   const char *name;
   const char *value;
-  size_t idx;         /* input order: keeps duplicates in order */
+  size_t idx; /* input order: keeps duplicates in order */
 };
 
 static int
@@ -565,10 +558,10 @@ hdr_cmp(const void *a, const void *b)
 static int
 is_unsigned_header(const char *name)
 {
-  static const char *const skip[] = {
-    "connection", "expect", "keep-alive", "te", "trailer",
-    "transfer-encoding", "upgrade", "user-agent", "x-amzn-trace-id", NULL
-  };
+  static const char *const skip[] = { "connection", "expect",     "keep-alive",
+                                      "te",         "trailer",    "transfer-encoding",
+                                      "upgrade",    "user-agent", "x-amzn-trace-id",
+                                      NULL };
   size_t i;
   for (i = 0; skip[i]; i++)
     if (ci_equal(name, skip[i]))
@@ -599,8 +592,8 @@ buf_value(struct buf *b, const char *v)
 }
 
 static int
-canonical_headers(const struct sbx_sigv4_header *h, size_t n, char **canon,
-                  char **signed_headers, const char **why)
+canonical_headers(const struct sbx_sigv4_header *h, size_t n, char **canon, char **signed_headers,
+                  const char **why)
 {
   struct buf c = { 0 }, s = { 0 };
   struct hdr *v;
@@ -670,8 +663,7 @@ canonical_headers(const struct sbx_sigv4_header *h, size_t n, char **canon,
 }
 
 int
-sbx_sigv4_canonical_headers(const struct sbx_sigv4_header *headers,
-                            size_t n, char **canonical,
+sbx_sigv4_canonical_headers(const struct sbx_sigv4_header *headers, size_t n, char **canonical,
                             char **signed_headers)
 {
   const char *why = NULL;
@@ -692,16 +684,14 @@ sbx_sigv4_check_header(const char *name)
 /* }====== */
 
 int
-sbx_sigv4_string_to_sign(const char *amz_date, const char *scope,
-                         const char *canonical_request, char **out)
+sbx_sigv4_string_to_sign(const char *amz_date, const char *scope, const char *canonical_request, char **out)
 {
   struct buf b = { 0 };
   char hex[65];
   int rc;
   if (!amz_date || !scope || !canonical_request || !out)
     return SBX_SIGV4_EINVAL;
-  rc = sbx_sigv4_sha256_hex(canonical_request, strlen(canonical_request),
-                            hex);
+  rc = sbx_sigv4_sha256_hex(canonical_request, strlen(canonical_request), hex);
   if (rc)
     return rc;
   buf_str(&b, SBX_SIGV4_ALGORITHM "\n");
@@ -753,46 +743,35 @@ reject(const char **why, const char *text, int rc)
 
 /* Everything sbx_sigv4_sign can reject before doing any work. */
 static int
-check_input(const struct sbx_sigv4_request *req,
-            const struct sbx_sigv4_config *cfg, const char **why)
+check_input(const struct sbx_sigv4_request *req, const struct sbx_sigv4_config *cfg, const char **why)
 {
   int presign = (cfg->flags & SBX_SIGV4_PRESIGN) != 0;
   int have_host = 0;
   size_t i;
   if (!is_token(req->method))
-    return reject(why, "method is empty or not an HTTP token",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "method is empty or not an HTTP token", SBX_SIGV4_EINVAL);
   if (req->path && req->path[0] && req->path[0] != '/')
     return reject(why, "path must start with '/'", SBX_SIGV4_EINVAL);
   if (req->body_len && !req->body)
-    return reject(why, "body is NULL but body_len is not 0",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "body is NULL but body_len is not 0", SBX_SIGV4_EINVAL);
   if (req->payload_hash && !is_plain(req->payload_hash, ""))
-    return reject(why, "payload_hash is empty or has whitespace",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "payload_hash is empty or has whitespace", SBX_SIGV4_EINVAL);
   if (!is_plain(cfg->access_key, "/,"))
-    return reject(why, "access_key is empty or has '/', ',' or whitespace",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "access_key is empty or has '/', ',' or whitespace", SBX_SIGV4_EINVAL);
   if (!cfg->secret_key || !*cfg->secret_key)
     return reject(why, "secret_key is empty", SBX_SIGV4_EINVAL);
   if (!is_plain(cfg->region, "/"))
-    return reject(why, "region is empty or has '/' or whitespace",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "region is empty or has '/' or whitespace", SBX_SIGV4_EINVAL);
   if (!is_plain(cfg->service, "/"))
-    return reject(why, "service is empty or has '/' or whitespace",
-                  SBX_SIGV4_EINVAL);
-  if (cfg->session_token && *cfg->session_token &&
-      !is_plain(cfg->session_token, ""))
-    return reject(why, "session_token has whitespace or control characters",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "service is empty or has '/' or whitespace", SBX_SIGV4_EINVAL);
+  if (cfg->session_token && *cfg->session_token && !is_plain(cfg->session_token, ""))
+    return reject(why, "session_token has whitespace or control characters", SBX_SIGV4_EINVAL);
   if (!is_amz_date(cfg->amz_date))
-    return reject(why, "amz_date must look like YYYYMMDDTHHMMSSZ",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "amz_date must look like YYYYMMDDTHHMMSSZ", SBX_SIGV4_EINVAL);
   if (presign && (cfg->expires < 1 || cfg->expires > SBX_SIGV4_MAX_EXPIRES))
     return reject(why, "expires must be 1..604800 seconds", SBX_SIGV4_EINVAL);
   if (req->nheaders && !req->headers)
-    return reject(why, "headers is NULL but nheaders is not 0",
-                  SBX_SIGV4_EINVAL);
+    return reject(why, "headers is NULL but nheaders is not 0", SBX_SIGV4_EINVAL);
   if (req->nheaders > SIGV4_MAX_TEXT / sizeof *req->headers)
     return reject(why, "too many headers", SBX_SIGV4_E2BIG);
   for (i = 0; i < req->nheaders; i++) {
@@ -800,14 +779,16 @@ check_input(const struct sbx_sigv4_request *req,
     if (!name)
       return reject(why, "header name is NULL", SBX_SIGV4_EINVAL);
     if (sbx_sigv4_check_header(name))
-      return reject(why, "Authorization, X-Amz-Date and X-Amz-Security-Token "
-                    "are set by the signer", SBX_SIGV4_ERESERVED);
-    if (!presign && (cfg->flags & SBX_SIGV4_CONTENT_SHA256) &&
-        ci_equal(name, "x-amz-content-sha256"))
-      return reject(why, "X-Amz-Content-Sha256 is set by the signer "
-                    "(CONTENT_SHA256)", SBX_SIGV4_ERESERVED);
-    if (ci_equal(name, "host") && req->headers[i].value &&
-        req->headers[i].value[0])
+      return reject(why,
+                    "Authorization, X-Amz-Date and X-Amz-Security-Token "
+                    "are set by the signer",
+                    SBX_SIGV4_ERESERVED);
+    if (!presign && (cfg->flags & SBX_SIGV4_CONTENT_SHA256) && ci_equal(name, "x-amz-content-sha256"))
+      return reject(why,
+                    "X-Amz-Content-Sha256 is set by the signer "
+                    "(CONTENT_SHA256)",
+                    SBX_SIGV4_ERESERVED);
+    if (ci_equal(name, "host") && req->headers[i].value && req->headers[i].value[0])
       have_host = 1;
   }
   if (!have_host)
@@ -819,14 +800,13 @@ check_input(const struct sbx_sigv4_request *req,
 static int
 is_presign_param(const struct param *p)
 {
-  static const char *const names[] = {
-    "X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
-    "X-Amz-Security-Token", "X-Amz-Signature", "X-Amz-SignedHeaders", NULL
-  };
+  static const char *const names[] = { "X-Amz-Algorithm",      "X-Amz-Credential",
+                                       "X-Amz-Date",           "X-Amz-Expires",
+                                       "X-Amz-Security-Token", "X-Amz-Signature",
+                                       "X-Amz-SignedHeaders",  NULL };
   size_t i;
   for (i = 0; names[i]; i++)
-    if (strlen(names[i]) == p->klen &&
-        !strncmp(p->s, names[i], p->klen))
+    if (strlen(names[i]) == p->klen && !strncmp(p->s, names[i], p->klen))
       return 1;
   return 0;
 }
@@ -834,8 +814,7 @@ is_presign_param(const struct param *p)
 /* The canonical query: the request's own parameters, plus when presigning
 ** the X-Amz-* ones (which the request must not already have). */
 static int
-build_query(const struct sbx_sigv4_request *req,
-            const struct sbx_sigv4_config *cfg, const char *scope,
+build_query(const struct sbx_sigv4_request *req, const struct sbx_sigv4_config *cfg, const char *scope,
             const char *signed_headers, char **out, const char **why)
 {
   struct params ps = { 0 };
@@ -881,8 +860,7 @@ build_query(const struct sbx_sigv4_request *req,
 }
 
 int
-sbx_sigv4_sign(const struct sbx_sigv4_request *req,
-               const struct sbx_sigv4_config *cfg,
+sbx_sigv4_sign(const struct sbx_sigv4_request *req, const struct sbx_sigv4_config *cfg,
                struct sbx_sigv4_result *res)
 {
   struct sbx_sigv4_header *all = NULL;
@@ -903,8 +881,7 @@ sbx_sigv4_sign(const struct sbx_sigv4_request *req,
   if (rc)
     return rc;
   presign = (cfg->flags & SBX_SIGV4_PRESIGN) != 0;
-  token = cfg->session_token && *cfg->session_token ? cfg->session_token
-                                                    : NULL;
+  token = cfg->session_token && *cfg->session_token ? cfg->session_token : NULL;
 
   /* Scope and payload hash. */
   buf_add(&b, cfg->amz_date, 8);
@@ -956,8 +933,7 @@ sbx_sigv4_sign(const struct sbx_sigv4_request *req,
   rc = sbx_sigv4_canonical_uri(req->path, cfg->flags, &uri);
   if (rc)
     goto fail;
-  rc = build_query(req, cfg, res->credential_scope, res->signed_headers,
-                   &query, &res->error);
+  rc = build_query(req, cfg, res->credential_scope, res->signed_headers, &query, &res->error);
   if (rc)
     goto fail;
 
@@ -977,12 +953,11 @@ sbx_sigv4_sign(const struct sbx_sigv4_request *req,
   if (rc)
     goto fail;
 
-  rc = sbx_sigv4_string_to_sign(cfg->amz_date, res->credential_scope,
-                                res->canonical_request, &res->string_to_sign);
+  rc = sbx_sigv4_string_to_sign(cfg->amz_date, res->credential_scope, res->canonical_request,
+                                &res->string_to_sign);
   if (rc)
     goto fail;
-  rc = sbx_sigv4_signing_key(cfg->secret_key, cfg->amz_date, cfg->region,
-                             cfg->service, key);
+  rc = sbx_sigv4_signing_key(cfg->secret_key, cfg->amz_date, cfg->region, cfg->service, key);
   if (rc)
     goto fail;
   rc = sbx_sigv4_signature(key, res->string_to_sign, hex);
@@ -1024,17 +999,16 @@ sbx_sigv4_sign(const struct sbx_sigv4_request *req,
   free(canon);
   return 0;
 
-fail:
-  {
-    const char *why = res->error;
-    buf_free(&b);
-    free(all);
-    free(uri);
-    free(query);
-    free(canon);
-    sbx_sigv4_result_free(res);
-    res->error = why;
-  }
+fail : {
+  const char *why = res->error;
+  buf_free(&b);
+  free(all);
+  free(uri);
+  free(query);
+  free(canon);
+  sbx_sigv4_result_free(res);
+  res->error = why;
+}
   return rc;
 }
 
@@ -1068,12 +1042,14 @@ field_string(lua_State *L, const char *name, int required)
   if (t == LUA_TNIL)
     luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' is required", name));
   if (t != LUA_TSTRING)
-    luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' must be a string, "
-                                        "not %s", name, lua_typename(L, t)));
+    luaL_argerror(L, 1,
+                  lua_pushfstring(L,
+                                  "field '%s' must be a string, "
+                                  "not %s",
+                                  name, lua_typename(L, t)));
   s = lua_tolstring(L, -1, &len);
   if (strlen(s) != len)
-    luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' has a NUL byte",
-                                        name));
+    luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' has a NUL byte", name));
   return s;
 }
 
@@ -1085,8 +1061,7 @@ field_bool(lua_State *L, const char *name, int dflt)
   if (t == LUA_TBOOLEAN)
     v = lua_toboolean(L, -1);
   else if (t != LUA_TNIL)
-    luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' must be a boolean",
-                                        name));
+    luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' must be a boolean", name));
   lua_pop(L, 1);
   return v;
 }
@@ -1094,31 +1069,35 @@ field_bool(lua_State *L, const char *name, int dflt)
 /* Returns the header value at index idx as a string (numbers are turned
 ** into strings anchored at t[anchor]); raises on anything else. */
 static const char *
-header_value(lua_State *L, int idx, int anchor, lua_Integer *nanchor,
-             const char *name)
+header_value(lua_State *L, int idx, int anchor, lua_Integer *nanchor, const char *name)
 {
   size_t len;
   const char *s;
   int t = lua_type(L, idx);
   if (t != LUA_TSTRING && t != LUA_TNUMBER) {
-    luaL_argerror(L, 1, lua_pushfstring(L, "headers: value of '%s' must be "
-                                        "a string", name));
+    luaL_argerror(L, 1,
+                  lua_pushfstring(L,
+                                  "headers: value of '%s' must be "
+                                  "a string",
+                                  name));
     return NULL;
   }
   lua_pushvalue(L, idx);
   s = lua_tolstring(L, -1, &len);
   lua_rawseti(L, anchor, ++*nanchor);
   if (strlen(s) != len)
-    luaL_argerror(L, 1, lua_pushfstring(L, "headers: value of '%s' has a "
-                                        "NUL byte", name));
+    luaL_argerror(L, 1,
+                  lua_pushfstring(L,
+                                  "headers: value of '%s' has a "
+                                  "NUL byte",
+                                  name));
   return s;
 }
 
 static int
 header_name_cmp(const void *a, const void *b)
 {
-  return strcmp(((const struct sbx_sigv4_header *)a)->name,
-                ((const struct sbx_sigv4_header *)b)->name);
+  return strcmp(((const struct sbx_sigv4_header *)a)->name, ((const struct sbx_sigv4_header *)b)->name);
 }
 
 /*
@@ -1146,11 +1125,17 @@ read_headers(lua_State *L, int ht, size_t *count)
   for (i = 1; i <= nlist; i++) {
     const char *name;
     if (lua_rawgeti(L, ht, i) != LUA_TTABLE)
-      luaL_argerror(L, 1, lua_pushfstring(L, "headers[%I] must be "
-                                          "{name, value}", i));
+      luaL_argerror(L, 1,
+                    lua_pushfstring(L,
+                                    "headers[%I] must be "
+                                    "{name, value}",
+                                    i));
     if (lua_rawgeti(L, -1, 1) != LUA_TSTRING)
-      luaL_argerror(L, 1, lua_pushfstring(L, "headers[%I][1] must be a "
-                                          "header name", i));
+      luaL_argerror(L, 1,
+                    lua_pushfstring(L,
+                                    "headers[%I][1] must be a "
+                                    "header name",
+                                    i));
     name = lua_tostring(L, -1);
     lua_rawseti(L, anchor, ++nanchor);
     lua_rawgeti(L, -1, 2);
@@ -1161,13 +1146,13 @@ read_headers(lua_State *L, int ht, size_t *count)
   }
   lua_pushnil(L);
   while (lua_next(L, ht)) {
-    if (lua_isinteger(L, -2) && lua_tointeger(L, -2) >= 1 &&
-        lua_tointeger(L, -2) <= nlist) {
+    if (lua_isinteger(L, -2) && lua_tointeger(L, -2) >= 1 && lua_tointeger(L, -2) <= nlist) {
       lua_pop(L, 1);
       continue;
     }
     if (lua_type(L, -2) != LUA_TSTRING)
-      luaL_argerror(L, 1, "headers must be {name = value} or a list of "
+      luaL_argerror(L, 1,
+                    "headers must be {name = value} or a list of "
                     "{name, value}");
     h[n].name = lua_tostring(L, -2);
     h[n].value = header_value(L, lua_gettop(L), anchor, &nanchor, h[n].name);
@@ -1178,11 +1163,17 @@ read_headers(lua_State *L, int ht, size_t *count)
     qsort(h + nlist, n - (size_t)nlist, sizeof *h, header_name_cmp);
   for (i = 0; i < (lua_Integer)n; i++) {
     if (strlen(h[i].name) == 0 || !is_token(h[i].name))
-      luaL_argerror(L, 1, lua_pushfstring(L, "headers: '%s' is not a valid "
-                                          "header name", h[i].name));
+      luaL_argerror(L, 1,
+                    lua_pushfstring(L,
+                                    "headers: '%s' is not a valid "
+                                    "header name",
+                                    h[i].name));
     if (sbx_sigv4_check_header(h[i].name))
-      luaL_argerror(L, 1, lua_pushfstring(L, "headers: '%s' is set by the "
-                                          "signer", h[i].name));
+      luaL_argerror(L, 1,
+                    lua_pushfstring(L,
+                                    "headers: '%s' is set by the "
+                                    "signer",
+                                    h[i].name));
   }
   *count = n;
   return h;
@@ -1252,8 +1243,7 @@ sigv4_sign(lua_State *L)
   if (!cfg.amz_date) {
     time_t t = time(NULL);
     struct tm tm;
-    if (!gmtime_r(&t, &tm) ||
-        strftime(now, sizeof now, "%Y%m%dT%H%M%SZ", &tm) != 16)
+    if (!gmtime_r(&t, &tm) || strftime(now, sizeof now, "%Y%m%dT%H%M%SZ", &tm) != 16)
       return luaL_error(L, "sigv4.sign: cannot read the clock");
     cfg.amz_date = now;
   }
@@ -1272,7 +1262,8 @@ sigv4_sign(lua_State *L)
     if (lua_getfield(L, 1, "expires") != LUA_TNIL) {
       lua_Integer e = lua_tointegerx(L, -1, &isnum);
       if (!isnum || e < 1 || e > SBX_SIGV4_MAX_EXPIRES)
-        luaL_argerror(L, 1, "field 'expires' must be an integer "
+        luaL_argerror(L, 1,
+                      "field 'expires' must be an integer "
                       "1..604800");
       cfg.expires = (long)e;
     }
@@ -1280,7 +1271,7 @@ sigv4_sign(lua_State *L)
   if (lua_getfield(L, 1, "headers") != LUA_TTABLE)
     luaL_argerror(L, 1, "field 'headers' must be a table (with Host)");
   ht = lua_gettop(L);
-  req.headers = read_headers(L, ht, &req.nheaders);      /* [.., anchor, h] */
+  req.headers = read_headers(L, ht, &req.nheaders); /* [.., anchor, h] */
 
   /* The strings sign allocates live in a box, so a raise frees them. */
   res = lua_newuserdatauv(L, sizeof *res, 0);
@@ -1290,8 +1281,7 @@ sigv4_sign(lua_State *L)
   if (rc == SBX_SIGV4_ENOMEM)
     return luaL_error(L, "sigv4.sign: out of memory");
   if (rc)
-    return luaL_argerror(L, 1, res->error ? res->error
-                                          : sbx_sigv4_strerror(rc));
+    return luaL_argerror(L, 1, res->error ? res->error : sbx_sigv4_strerror(rc));
 
   lua_createtable(L, 0, 11);
   set_string(L, "authorization", res->authorization);
@@ -1303,7 +1293,7 @@ sigv4_sign(lua_State *L)
   set_string(L, "signature", res->signature);
   set_string(L, "signed_headers", res->signed_headers);
   set_string(L, "credential_scope", res->credential_scope);
-  lua_createtable(L, 0, 4);                          /* [.., res, t, add] */
+  lua_createtable(L, 0, 4); /* [.., res, t, add] */
   if (!(cfg.flags & SBX_SIGV4_PRESIGN)) {
     set_string(L, "X-Amz-Date", cfg.amz_date);
     if (cfg.session_token && *cfg.session_token)
@@ -1330,17 +1320,11 @@ sigv4_sha256(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg sigv4_funcs[] = {
-  { "sign", sigv4_sign },
-  { "sha256", sigv4_sha256 },
-  { NULL, NULL }
-};
+static const luaL_Reg sigv4_funcs[] = { { "sign", sigv4_sign }, { "sha256", sigv4_sha256 }, { NULL, NULL } };
 
-static const luaL_Reg sigv4_result_meta[] = {
-  { "__gc", result_gc },
-  { "__close", result_gc },
-  { NULL, NULL }
-};
+static const luaL_Reg sigv4_result_meta[] = { { "__gc", result_gc },
+                                              { "__close", result_gc },
+                                              { NULL, NULL } };
 
 /* The sigv4 module table: { sign = ..., sha256 = ... }. */
 int

@@ -18,14 +18,14 @@
 
 #define SBX_SIGV4_ALGORITHM "AWS4-HMAC-SHA256"
 #define SBX_SIGV4_UNSIGNED_PAYLOAD "UNSIGNED-PAYLOAD"
-#define SBX_SIGV4_MAX_EXPIRES 604800L     /* presigned URLs: 7 days at most */
+#define SBX_SIGV4_MAX_EXPIRES 604800L /* presigned URLs: 7 days at most */
 
-#define SBX_SIGV4_ERRORS(X)                                              \
-  X(ENOMEM, -1, "out of memory")                                         \
-  X(EINVAL, -2, "invalid argument")                                      \
-  X(ERESERVED, -3, "header or query parameter is set by the signer")    \
-  X(ENOHOST, -4, "the request has no Host header")                       \
-  X(ECRYPTO, -5, "libcrypto failed")                                     \
+#define SBX_SIGV4_ERRORS(X)                                                                                  \
+  X(ENOMEM, -1, "out of memory")                                                                             \
+  X(EINVAL, -2, "invalid argument")                                                                          \
+  X(ERESERVED, -3, "header or query parameter is set by the signer")                                         \
+  X(ENOHOST, -4, "the request has no Host header")                                                           \
+  X(ECRYPTO, -5, "libcrypto failed")                                                                         \
   X(E2BIG, -6, "request too large to sign")
 
 enum sbx_sigv4_error {
@@ -39,19 +39,23 @@ const char *sbx_sigv4_strerror(int code);
 
 /* Flags for struct sbx_sigv4_config. The zero value is what every service
 ** but S3 expects, with the signature carried in an Authorization header. */
-#define SBX_SIGV4_NO_NORMALIZE   0x01u /* keep ".", "..", "//" in the path
+#define SBX_SIGV4_NO_NORMALIZE                                                                               \
+  0x01u                                /* keep ".", "..", "//" in the path                                   \
                                           (S3) */
 #define SBX_SIGV4_NO_ENCODE_PATH 0x02u /* path is not encoded again (S3) */
-#define SBX_SIGV4_CONTENT_SHA256 0x04u /* add and sign x-amz-content-sha256
-                                          (header signing only) */
-#define SBX_SIGV4_TOKEN_UNSIGNED 0x08u /* session token is sent but left out
-                                          of the signature */
-#define SBX_SIGV4_PRESIGN        0x10u /* sign the query string (presigned
-                                          URL) instead of adding headers */
+#define SBX_SIGV4_CONTENT_SHA256                                                                             \
+  0x04u /* add and sign x-amz-content-sha256                                                                 \
+           (header signing only) */
+#define SBX_SIGV4_TOKEN_UNSIGNED                                                                             \
+  0x08u /* session token is sent but left out                                                                \
+           of the signature */
+#define SBX_SIGV4_PRESIGN                                                                                    \
+  0x10u /* sign the query string (presigned                                                                  \
+           URL) instead of adding headers */
 
 struct sbx_sigv4_header {
-  const char *name;              /* any case; trimmed and lower-cased */
-  const char *value;             /* may fold lines: "\n" or "\r\n" + SP/HT */
+  const char *name;  /* any case; trimmed and lower-cased */
+  const char *value; /* may fold lines: "\n" or "\r\n" + SP/HT */
 };
 
 /*
@@ -63,27 +67,27 @@ struct sbx_sigv4_header {
 ** which the signer owns. Duplicate names are joined with "," in order.
 */
 struct sbx_sigv4_request {
-  const char *method;                      /* "GET", "POST", ... */
-  const char *path;                        /* NULL or "" means "/" */
-  const char *query;                       /* without '?'; NULL for none */
+  const char *method; /* "GET", "POST", ... */
+  const char *path;   /* NULL or "" means "/" */
+  const char *query;  /* without '?'; NULL for none */
   const struct sbx_sigv4_header *headers;
   size_t nheaders;
-  const void *body;                        /* NULL when body_len is 0 */
+  const void *body; /* NULL when body_len is 0 */
   size_t body_len;
-  const char *payload_hash;                /* NULL: hex SHA-256 of body; or a
-                                              precomputed hash, or
-                                              SBX_SIGV4_UNSIGNED_PAYLOAD */
+  const char *payload_hash; /* NULL: hex SHA-256 of body; or a
+                               precomputed hash, or
+                               SBX_SIGV4_UNSIGNED_PAYLOAD */
 };
 
 struct sbx_sigv4_config {
   const char *access_key;
   const char *secret_key;
-  const char *session_token;               /* NULL or "" for none */
-  const char *region;                      /* "us-east-1" */
-  const char *service;                     /* "ecs", "iam", ... */
-  const char *amz_date;                    /* "YYYYMMDDTHHMMSSZ", UTC */
-  unsigned flags;                          /* SBX_SIGV4_* */
-  long expires;                            /* PRESIGN: 1..MAX_EXPIRES s */
+  const char *session_token; /* NULL or "" for none */
+  const char *region;        /* "us-east-1" */
+  const char *service;       /* "ecs", "iam", ... */
+  const char *amz_date;      /* "YYYYMMDDTHHMMSSZ", UTC */
+  unsigned flags;            /* SBX_SIGV4_* */
+  long expires;              /* PRESIGN: 1..MAX_EXPIRES s */
 };
 
 /*
@@ -97,14 +101,14 @@ struct sbx_sigv4_config {
 struct sbx_sigv4_result {
   char *canonical_request;
   char *string_to_sign;
-  char *credential_scope;        /* YYYYMMDD/region/service/aws4_request */
-  char *signed_headers;          /* "host;x-amz-date" */
+  char *credential_scope; /* YYYYMMDD/region/service/aws4_request */
+  char *signed_headers;   /* "host;x-amz-date" */
   char *payload_hash;
-  char *signature;               /* 64 lower-case hex digits */
-  char *authorization;           /* header signing; NULL when presigning */
-  char *query;                   /* presigning; NULL otherwise */
-  const char *error;             /* static text saying what was invalid, or
-                                    NULL; never holds caller data */
+  char *signature;     /* 64 lower-case hex digits */
+  char *authorization; /* header signing; NULL when presigning */
+  char *query;         /* presigning; NULL otherwise */
+  const char *error;   /* static text saying what was invalid, or
+                          NULL; never holds caller data */
 };
 
 /*
@@ -112,8 +116,7 @@ struct sbx_sigv4_result {
 ** sbx_sigv4_result_free); on failure res holds none, and res->error may
 ** name the offending input. res may be uninitialised on entry.
 */
-int sbx_sigv4_sign(const struct sbx_sigv4_request *req,
-                   const struct sbx_sigv4_config *cfg,
+int sbx_sigv4_sign(const struct sbx_sigv4_request *req, const struct sbx_sigv4_config *cfg,
                    struct sbx_sigv4_result *res);
 /* Frees every string of res and clears it; safe to call twice. */
 void sbx_sigv4_result_free(struct sbx_sigv4_result *res);
@@ -135,23 +138,20 @@ int sbx_sigv4_canonical_query(const char *query, char **out);
 ** and the signed header list ("a;b;c"). Hop-by-hop headers and the ones
 ** proxies rewrite (connection, expect, keep-alive, proxy-*, te, trailer,
 ** transfer-encoding, upgrade, user-agent, x-amzn-trace-id) are not signed. */
-int sbx_sigv4_canonical_headers(const struct sbx_sigv4_header *headers,
-                                size_t n, char **canonical,
+int sbx_sigv4_canonical_headers(const struct sbx_sigv4_header *headers, size_t n, char **canonical,
                                 char **signed_headers);
 
 /* "AWS4-HMAC-SHA256\n<amz_date>\n<scope>\n<hex SHA-256 of creq>". */
-int sbx_sigv4_string_to_sign(const char *amz_date, const char *scope,
-                             const char *canonical_request, char **out);
+int sbx_sigv4_string_to_sign(const char *amz_date, const char *scope, const char *canonical_request,
+                             char **out);
 
 /* kSigning = HMAC(HMAC(HMAC(HMAC("AWS4" + secret, date), region), service),
 ** "aws4_request"), date being the first 8 characters of amz_date. */
-int sbx_sigv4_signing_key(const char *secret_key, const char *amz_date,
-                          const char *region, const char *service,
-                          unsigned char key[32]);
+int sbx_sigv4_signing_key(const char *secret_key, const char *amz_date, const char *region,
+                          const char *service, unsigned char key[32]);
 
 /* hex = lower-case hex of HMAC-SHA256(key, msg): the signature. */
-int sbx_sigv4_signature(const unsigned char key[32], const char *msg,
-                        char hex[65]);
+int sbx_sigv4_signature(const unsigned char key[32], const char *msg, char hex[65]);
 
 /* hex = lower-case hex of SHA-256(p, n). */
 int sbx_sigv4_sha256_hex(const void *p, size_t n, char hex[65]);

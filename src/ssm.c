@@ -35,7 +35,9 @@ const char *
 sbx_ssm_strerror(int code)
 {
   switch (code) {
-#define SBX_SSM_X(name, num, desc) case num: return desc;
+#define SBX_SSM_X(name, num, desc)                                                                           \
+  case num:                                                                                                  \
+    return desc;
     SBX_SSM_ERRORS(SBX_SSM_X)
 #undef SBX_SSM_X
   }
@@ -46,22 +48,30 @@ const char *
 sbx_ssm_errname(int code)
 {
   switch (code) {
-  case SBX_SSM_ESHORT: return "short";
-  case SBX_SSM_EHEADER: return "header";
-  case SBX_SSM_ELENGTH: return "length";
-  case SBX_SSM_EDIGEST: return "digest";
-  case SBX_SSM_ETYPE: return "type";
-  case SBX_SSM_EDATE: return "date";
-  case SBX_SSM_EINVAL: return "inval";
-  case SBX_SSM_ENOMEM: return "nomem";
-  case SBX_SSM_ECRYPTO: return "crypto";
+  case SBX_SSM_ESHORT:
+    return "short";
+  case SBX_SSM_EHEADER:
+    return "header";
+  case SBX_SSM_ELENGTH:
+    return "length";
+  case SBX_SSM_EDIGEST:
+    return "digest";
+  case SBX_SSM_ETYPE:
+    return "type";
+  case SBX_SSM_EDATE:
+    return "date";
+  case SBX_SSM_EINVAL:
+    return "inval";
+  case SBX_SSM_ENOMEM:
+    return "nomem";
+  case SBX_SSM_ECRYPTO:
+    return "crypto";
   }
   return "unknown";
 }
 
 /* Writes a sentence into err (if any) and returns code. */
-static int
-fail(int code, char *err, size_t errlen, const char *fmt, ...)
+static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
   __attribute__((format(printf, 4, 5)));
 
 static int
@@ -83,8 +93,7 @@ fail(int code, char *err, size_t errlen, const char *fmt, ...)
 static uint32_t
 get32(const unsigned char *p)
 {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
-         (uint32_t)p[3];
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
 static uint64_t
@@ -117,8 +126,7 @@ sbx_ssm_sha256(const void *p, size_t n, unsigned char md[SBX_SSM_DIGEST_SIZE])
   unsigned int mdlen = 0;
   if (!p)
     p = "";
-  if (!EVP_Digest(p, n, md, &mdlen, EVP_sha256(), NULL) ||
-      mdlen != SBX_SSM_DIGEST_SIZE)
+  if (!EVP_Digest(p, n, md, &mdlen, EVP_sha256(), NULL) || mdlen != SBX_SSM_DIGEST_SIZE)
     return SBX_SSM_ECRYPTO;
   return 0;
 }
@@ -126,8 +134,7 @@ sbx_ssm_sha256(const void *p, size_t n, unsigned char md[SBX_SSM_DIGEST_SIZE])
 /* {====================================================== UUID */
 
 void
-sbx_ssm_uuid_format(const unsigned char wire[SBX_SSM_ID_SIZE],
-                    char out[SBX_SSM_UUID_STRLEN + 1])
+sbx_ssm_uuid_format(const unsigned char wire[SBX_SSM_ID_SIZE], char out[SBX_SSM_UUID_STRLEN + 1])
 {
   size_t i, o = 0;
   for (i = 0; i < SBX_SSM_ID_SIZE; i++) {
@@ -186,8 +193,7 @@ sbx_ssm_uuid_parse(const char *s, size_t n, unsigned char wire[SBX_SSM_ID_SIZE])
 static int
 is_space(unsigned char c)
 {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' ||
-         c == '\r';
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
 /*
@@ -218,8 +224,7 @@ trim_type(const unsigned char *f, char out[SBX_SSM_TYPE_SIZE + 1], size_t *bad)
 }
 
 int
-sbx_ssm_decode(const unsigned char *buf, size_t len, struct sbx_ssm_msg *out,
-               char *err, size_t errlen)
+sbx_ssm_decode(const unsigned char *buf, size_t len, struct sbx_ssm_msg *out, char *err, size_t errlen)
 {
   unsigned char md[SBX_SSM_DIGEST_SIZE];
   const unsigned char *payload;
@@ -227,12 +232,10 @@ sbx_ssm_decode(const unsigned char *buf, size_t len, struct sbx_ssm_msg *out,
   int n, rc;
 
   if (!out || (!buf && len))
-    return fail(SBX_SSM_EINVAL, err, errlen,
-                "ssm decode: no frame or no output");
+    return fail(SBX_SSM_EINVAL, err, errlen, "ssm decode: no frame or no output");
   memset(out, 0, sizeof *out);
   if (len < SBX_SSM_PREFIX)
-    return fail(SBX_SSM_ESHORT, err, errlen,
-                "ssm frame is %zu bytes, shorter than the %d-byte header", len,
+    return fail(SBX_SSM_ESHORT, err, errlen, "ssm frame is %zu bytes, shorter than the %d-byte header", len,
                 SBX_SSM_PREFIX);
 
   out->header_length = get32(buf + OFF_HL);
@@ -247,29 +250,23 @@ sbx_ssm_decode(const unsigned char *buf, size_t len, struct sbx_ssm_msg *out,
   out->payload_length = get32(buf + OFF_PLEN);
 
   if (out->header_length != SBX_SSM_HEADER_LENGTH)
-    return fail(SBX_SSM_EHEADER, err, errlen,
-                "ssm header length is %lu, expected %d",
+    return fail(SBX_SSM_EHEADER, err, errlen, "ssm header length is %lu, expected %d",
                 (unsigned long)out->header_length, SBX_SSM_HEADER_LENGTH);
   /* len >= 120 here, so len - 120 cannot wrap. */
   if (len - SBX_SSM_PREFIX < out->payload_length)
-    return fail(SBX_SSM_ELENGTH, err, errlen,
-                "ssm payload length %lu needs a %llu-byte frame, got %zu bytes",
-                (unsigned long)out->payload_length,
-                (unsigned long long)out->payload_length + SBX_SSM_PREFIX, len);
+    return fail(SBX_SSM_ELENGTH, err, errlen, "ssm payload length %lu needs a %llu-byte frame, got %zu bytes",
+                (unsigned long)out->payload_length, (unsigned long long)out->payload_length + SBX_SSM_PREFIX,
+                len);
   if (len - SBX_SSM_PREFIX > out->payload_length)
-    return fail(SBX_SSM_ELENGTH, err, errlen,
-                "ssm frame has %zu trailing bytes after its %lu-byte payload",
-                len - SBX_SSM_PREFIX - out->payload_length,
-                (unsigned long)out->payload_length);
+    return fail(SBX_SSM_ELENGTH, err, errlen, "ssm frame has %zu trailing bytes after its %lu-byte payload",
+                len - SBX_SSM_PREFIX - out->payload_length, (unsigned long)out->payload_length);
   if (n < 0)
-    return fail(SBX_SSM_ETYPE, err, errlen,
-                "ssm message type has byte 0x%02x at offset %zu",
+    return fail(SBX_SSM_ETYPE, err, errlen, "ssm message type has byte 0x%02x at offset %zu",
                 buf[OFF_TYPE + bad], bad);
   if (n == 0)
     return fail(SBX_SSM_ETYPE, err, errlen, "ssm message type is empty");
   if (out->created_date == 0)
-    return fail(SBX_SSM_EDATE, err, errlen,
-                "ssm %s message has created date 0", out->message_type);
+    return fail(SBX_SSM_EDATE, err, errlen, "ssm %s message has created date 0", out->message_type);
 
   payload = buf + SBX_SSM_PREFIX;
   if ((rc = sbx_ssm_sha256(payload, out->payload_length, md)) < 0)
@@ -278,8 +275,7 @@ sbx_ssm_decode(const unsigned char *buf, size_t len, struct sbx_ssm_msg *out,
     return fail(SBX_SSM_EDIGEST, err, errlen,
                 "ssm %s message (seq %lld): payload digest does not match "
                 "SHA-256 of its %lu-byte payload",
-                out->message_type, (long long)out->sequence_number,
-                (unsigned long)out->payload_length);
+                out->message_type, (long long)out->sequence_number, (unsigned long)out->payload_length);
   out->payload = out->payload_length ? payload : NULL;
   return 0;
 }
@@ -325,9 +321,8 @@ sbx_ssm_encode_to(const struct sbx_ssm_msg *m, unsigned char *out, size_t cap)
   if (!m || !out)
     return SBX_SSM_EINVAL;
   tlen = strnlen(m->message_type, sizeof m->message_type);
-  if (check_type(m->message_type, tlen) < 0 || m->created_date == 0 ||
-      is_nil_id(m->message_id) || (!m->payload && m->payload_length) ||
-      (m->header_length && m->header_length != SBX_SSM_HEADER_LENGTH) ||
+  if (check_type(m->message_type, tlen) < 0 || m->created_date == 0 || is_nil_id(m->message_id) ||
+      (!m->payload && m->payload_length) || (m->header_length && m->header_length != SBX_SSM_HEADER_LENGTH) ||
       cap < sbx_ssm_frame_size(m))
     return SBX_SSM_EINVAL;
 
@@ -358,7 +353,7 @@ sbx_ssm_encode(const struct sbx_ssm_msg *m, unsigned char **out, size_t *len)
   if (!m || !out || !len)
     return SBX_SSM_EINVAL;
   n = sbx_ssm_frame_size(m);
-  if (n < SBX_SSM_PREFIX)   /* size_t overflow on a 32-bit target */
+  if (n < SBX_SSM_PREFIX) /* size_t overflow on a 32-bit target */
     return SBX_SSM_EINVAL;
   if (!(p = malloc(n)))
     return SBX_SSM_ENOMEM;
@@ -391,8 +386,7 @@ ssm_decode(lua_State *L)
   size_t len, i;
   const char *frame = luaL_checklstring(L, 1, &len);
 
-  if (sbx_ssm_decode((const unsigned char *)frame, len, &m, err,
-                     sizeof err) < 0) {
+  if (sbx_ssm_decode((const unsigned char *)frame, len, &m, err, sizeof err) < 0) {
     luaL_pushfail(L);
     lua_pushstring(L, err);
     lua_pushliteral(L, "ssm");
@@ -423,7 +417,7 @@ ssm_decode(lua_State *L)
   }
   lua_pushlstring(L, hex, sizeof hex);
   lua_setfield(L, -2, "payload_digest");
-  return 1;  /* [frame, t] */
+  return 1; /* [frame, t] */
 }
 
 /*
@@ -432,8 +426,7 @@ ssm_decode(lua_State *L)
 ** [lo, hi]. The value stays on the stack.
 */
 static lua_Integer
-opt_field_int(lua_State *L, const char *name, int required, lua_Integer def,
-              lua_Integer lo, lua_Integer hi)
+opt_field_int(lua_State *L, const char *name, int required, lua_Integer def, lua_Integer lo, lua_Integer hi)
 {
   lua_Integer v;
   int isnum = 0;
@@ -445,8 +438,10 @@ opt_field_int(lua_State *L, const char *name, int required, lua_Integer def,
   }
   v = t == LUA_TNUMBER ? lua_tointegerx(L, -1, &isnum) : 0;
   if (!isnum || v < lo || v > hi)
-    luaL_error(L, "ssm.encode: field '%s' must be an integer in [%I, %I], "
-               "got %s", name, lo, hi, luaL_typename(L, -1));
+    luaL_error(L,
+               "ssm.encode: field '%s' must be an integer in [%I, %I], "
+               "got %s",
+               name, lo, hi, luaL_typename(L, -1));
   return v;
 }
 
@@ -455,8 +450,7 @@ static const char *
 field_string(lua_State *L, const char *name, size_t *len)
 {
   if (lua_getfield(L, 1, name) != LUA_TSTRING)
-    luaL_error(L, "ssm.encode: field '%s' must be a string, got %s", name,
-               luaL_typename(L, -1));
+    luaL_error(L, "ssm.encode: field '%s' must be a string, got %s", name, luaL_typename(L, -1));
   return lua_tolstring(L, -1, len);
 }
 
@@ -465,7 +459,7 @@ now_ms(void)
 {
   struct timespec ts;
   if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
-    return 1;   /* never 0: decoders reject it */
+    return 1; /* never 0: decoders reject it */
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
@@ -496,34 +490,32 @@ ssm_encode(lua_State *L)
 
   s = field_string(L, "message_type", &n);
   if (check_type(s, n) < 0)
-    luaL_error(L, "ssm.encode: message_type must be 1 to %d printable ASCII "
-               "bytes with no space at either end", SBX_SSM_TYPE_SIZE);
+    luaL_error(L,
+               "ssm.encode: message_type must be 1 to %d printable ASCII "
+               "bytes with no space at either end",
+               SBX_SSM_TYPE_SIZE);
   memcpy(m.message_type, s, n);
   s = field_string(L, "message_id", &n);
   if (sbx_ssm_uuid_parse(s, n, m.message_id) < 0)
-    luaL_error(L, "ssm.encode: message_id must be a UUID "
-               "(xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), got '%s'", s);
+    luaL_error(L,
+               "ssm.encode: message_id must be a UUID "
+               "(xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), got '%s'",
+               s);
   if (is_nil_id(m.message_id))
     luaL_error(L, "ssm.encode: message_id must not be the nil UUID");
-  m.schema_version = (uint32_t)opt_field_int(L, "schema_version", 0, 1, 0,
-                                             UINT32_MAX);
-  m.created_date = (uint64_t)opt_field_int(L, "created_date", 0, 0,
-                                           LUA_MININTEGER, LUA_MAXINTEGER);
+  m.schema_version = (uint32_t)opt_field_int(L, "schema_version", 0, 1, 0, UINT32_MAX);
+  m.created_date = (uint64_t)opt_field_int(L, "created_date", 0, 0, LUA_MININTEGER, LUA_MAXINTEGER);
   if (lua_isnil(L, -1))
     m.created_date = now_ms();
   else if (m.created_date == 0)
     luaL_error(L, "ssm.encode: field 'created_date' must not be 0");
-  m.sequence_number = (int64_t)opt_field_int(L, "sequence_number", 0, 0,
-                                             LUA_MININTEGER, LUA_MAXINTEGER);
-  m.flags = (uint64_t)opt_field_int(L, "flags", 0, 0, LUA_MININTEGER,
-                                    LUA_MAXINTEGER);
-  m.payload_type = (uint32_t)opt_field_int(L, "payload_type", 0, 0, 0,
-                                           UINT32_MAX);
+  m.sequence_number = (int64_t)opt_field_int(L, "sequence_number", 0, 0, LUA_MININTEGER, LUA_MAXINTEGER);
+  m.flags = (uint64_t)opt_field_int(L, "flags", 0, 0, LUA_MININTEGER, LUA_MAXINTEGER);
+  m.payload_type = (uint32_t)opt_field_int(L, "payload_type", 0, 0, 0, UINT32_MAX);
   /* The payload string stays on the stack, so m.payload stays valid. */
   s = field_string(L, "payload", &n);
   if (n > UINT32_MAX || n > (size_t)-1 - SBX_SSM_PREFIX)
-    luaL_error(L, "ssm.encode: payload of %I bytes is too long",
-               (lua_Integer)n);
+    luaL_error(L, "ssm.encode: payload of %I bytes is too long", (lua_Integer)n);
   m.payload = (const unsigned char *)s;
   m.payload_length = (uint32_t)n;
 
@@ -535,11 +527,7 @@ ssm_encode(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg ssm_funcs[] = {
-  { "decode", ssm_decode },
-  { "encode", ssm_encode },
-  { NULL, NULL }
-};
+static const luaL_Reg ssm_funcs[] = { { "decode", ssm_decode }, { "encode", ssm_encode }, { NULL, NULL } };
 
 int
 sbx_open_ssm(lua_State *L)

@@ -52,15 +52,15 @@ enum {
 
 /* Error codes: X(name, code, description). Every function returns 0 or one
 ** of these (negative). */
-#define SBX_SSM_ERRORS(X)                                                    \
-  X(SHORT, -1, "frame shorter than the 120-byte header")                     \
-  X(HEADER, -2, "header length is not 116")                                  \
-  X(LENGTH, -3, "frame length does not match the payload length")            \
-  X(DIGEST, -4, "payload digest does not match SHA-256 of the payload")      \
-  X(TYPE, -5, "message type is empty or not printable ASCII")                \
-  X(DATE, -6, "created date is zero")                                        \
-  X(INVAL, -7, "invalid argument")                                           \
-  X(NOMEM, -8, "out of memory")                                              \
+#define SBX_SSM_ERRORS(X)                                                                                    \
+  X(SHORT, -1, "frame shorter than the 120-byte header")                                                     \
+  X(HEADER, -2, "header length is not 116")                                                                  \
+  X(LENGTH, -3, "frame length does not match the payload length")                                            \
+  X(DIGEST, -4, "payload digest does not match SHA-256 of the payload")                                      \
+  X(TYPE, -5, "message type is empty or not printable ASCII")                                                \
+  X(DATE, -6, "created date is zero")                                                                        \
+  X(INVAL, -7, "invalid argument")                                                                           \
+  X(NOMEM, -8, "out of memory")                                                                              \
   X(CRYPTO, -9, "libcrypto failed")
 
 enum {
@@ -82,10 +82,10 @@ const char *sbx_ssm_errname(int code);
 ** (borrowed, not NUL-terminated, NULL when the payload is empty).
 */
 struct sbx_ssm_msg {
-  uint32_t header_length;                    /* always 116 */
-  char message_type[SBX_SSM_TYPE_SIZE + 1];  /* without padding, NUL-ended */
-  uint32_t schema_version;                   /* 1 in practice */
-  uint64_t created_date;                     /* ms since the epoch, not 0 */
+  uint32_t header_length;                   /* always 116 */
+  char message_type[SBX_SSM_TYPE_SIZE + 1]; /* without padding, NUL-ended */
+  uint32_t schema_version;                  /* 1 in practice */
+  uint64_t created_date;                    /* ms since the epoch, not 0 */
   int64_t sequence_number;
   uint64_t flags;
   unsigned char message_id[SBX_SSM_ID_SIZE]; /* wire order (swapped) */
@@ -105,8 +105,7 @@ struct sbx_ssm_msg {
 ** out->payload is NULL. Schema version, flags and payload type are not
 ** checked. *out borrows buf.
 */
-int sbx_ssm_decode(const unsigned char *buf, size_t len,
-                   struct sbx_ssm_msg *out, char *err, size_t errlen);
+int sbx_ssm_decode(const unsigned char *buf, size_t len, struct sbx_ssm_msg *out, char *err, size_t errlen);
 
 /* The frame size of m: 120 + m->payload_length. */
 size_t sbx_ssm_frame_size(const struct sbx_ssm_msg *m);
@@ -120,28 +119,23 @@ size_t sbx_ssm_frame_size(const struct sbx_ssm_msg *m);
 ** created_date 0; message_id all zero (the official serializer refuses the
 ** nil UUID); payload NULL with a non-zero length; cap too small.
 */
-int sbx_ssm_encode_to(const struct sbx_ssm_msg *m, unsigned char *out,
-                      size_t cap);
+int sbx_ssm_encode_to(const struct sbx_ssm_msg *m, unsigned char *out, size_t cap);
 
 /* Like sbx_ssm_encode_to into a new malloc'd buffer that the caller frees;
 ** *out and *len are set only on success. */
-int sbx_ssm_encode(const struct sbx_ssm_msg *m, unsigned char **out,
-                   size_t *len);
+int sbx_ssm_encode(const struct sbx_ssm_msg *m, unsigned char **out, size_t *len);
 
 /* SHA-256 of n bytes at p (p may be NULL when n is 0). Returns 0 or
 ** SBX_SSM_ECRYPTO. */
-int sbx_ssm_sha256(const void *p, size_t n,
-                   unsigned char md[SBX_SSM_DIGEST_SIZE]);
+int sbx_ssm_sha256(const void *p, size_t n, unsigned char md[SBX_SSM_DIGEST_SIZE]);
 
 /* Formats wire-order MessageId bytes as the lowercase hyphenated UUID (the
 ** un-swapped form that acks quote) into out: 36 characters plus a NUL. */
-void sbx_ssm_uuid_format(const unsigned char wire[SBX_SSM_ID_SIZE],
-                         char out[SBX_SSM_UUID_STRLEN + 1]);
+void sbx_ssm_uuid_format(const unsigned char wire[SBX_SSM_ID_SIZE], char out[SBX_SSM_UUID_STRLEN + 1]);
 
 /* Parses the n characters at s, a hyphenated UUID (either case), into
 ** wire-order MessageId bytes. Returns 0 or SBX_SSM_EINVAL. */
-int sbx_ssm_uuid_parse(const char *s, size_t n,
-                       unsigned char wire[SBX_SSM_ID_SIZE]);
+int sbx_ssm_uuid_parse(const char *s, size_t n, unsigned char wire[SBX_SSM_ID_SIZE]);
 
 /*
 ** The Lua module: pushes a table with

@@ -49,7 +49,7 @@ struct stream {
     uv_tcp_t tcp;
   } u;
   int handle_open;
-  int refs;                    /* the userdata and the open handle */
+  int refs; /* the userdata and the open handle */
   uv_connect_t connect_req;
   uv_write_t write_req;
   uv_write_t stdin_req;
@@ -59,16 +59,16 @@ struct stream {
   char *stdin_buf;
   size_t stdin_len;
   int has_stdin;
-  int keep_open;               /* a channel: stdin stays open for :write */
+  int keep_open; /* a channel: stdin stays open for :write */
   int stdin_closed;
-  int pipes;                   /* a process's pipes: u.pipe is its stdout */
-  uv_pipe_t *err_pipe;         /* its stderr (read), or NULL */
-  uv_pipe_t *in_pipe;          /* its stdin (written by :write), or NULL */
-  int reads_open;              /* read ends not at their end yet */
-  int out_done;                /* its stdout is at its end */
-  struct pendbuf early;        /* :write bytes before the daemon answered */
-  struct sbx_hijack reply;     /* head, then error body (socket streams) */
-  struct sbx_demux demux;      /* the hijacked stream after a 200 or 101 */
+  int pipes;               /* a process's pipes: u.pipe is its stdout */
+  uv_pipe_t *err_pipe;     /* its stderr (read), or NULL */
+  uv_pipe_t *in_pipe;      /* its stdin (written by :write), or NULL */
+  int reads_open;          /* read ends not at their end yet */
+  int out_done;            /* its stdout is at its end */
+  struct pendbuf early;    /* :write bytes before the daemon answered */
+  struct sbx_hijack reply; /* head, then error body (socket streams) */
+  struct sbx_demux demux;  /* the hijacked stream after a 200 or 101 */
   struct sbx_capture cap[CAP_N];
   int chunks;
   size_t chunk_limit;
@@ -77,10 +77,10 @@ struct stream {
   int eof;
   char error[256];
   char error_code_buf[32];
-  const char *error_code;      /* NULL, or error_code_buf */
+  const char *error_code; /* NULL, or error_code_buf */
   struct sbx_waiter *reader;
-  struct sbx_waiter *room;     /* a producer waiting for the queue to drain */
-  size_t room_limit;           /* ... to at most this many bytes */
+  struct sbx_waiter *room; /* a producer waiting for the queue to drain */
+  size_t room_limit;       /* ... to at most this many bytes */
   double started, ended;
 };
 
@@ -154,7 +154,7 @@ aux_closed(uv_handle_t *h)
 static void
 close_aux(struct stream *s, uv_pipe_t **p)
 {
-  (void)s;   /* the handle's data: the close callback's */
+  (void)s; /* the handle's data: the close callback's */
   if (*p) {
     uv_close((uv_handle_t *)*p, aux_closed);
     *p = NULL;
@@ -340,7 +340,7 @@ feed(struct stream *s, const char *p, size_t n)
     p += used;
     n -= used;
     if (s->reply.state == SBX_HIJACK_STREAM) {
-      sbx_hijack_drop_head(&s->reply);   /* a channel lives long: 16 KiB less */
+      sbx_hijack_drop_head(&s->reply); /* a channel lives long: 16 KiB less */
       send_stdin(s);
     }
     else if (s->reply.state == SBX_HIJACK_DONE)
@@ -566,7 +566,7 @@ sbx_stream_pipes(lua_State *L, int opts, int in_fd, int out_fd, int err_fd)
   luaL_setmetatable(L, STREAM_MT);
   s = stream_new(L, ud, sbx_host_get(L));
   s->pipes = 1;
-  s->reply.state = SBX_HIJACK_STREAM;    /* no HTTP head: bytes from the start */
+  s->reply.state = SBX_HIJACK_STREAM; /* no HTTP head: bytes from the start */
   stream_options(L, opts, s);
   if (out_fd >= 0) {
     s->handle_open = 1;
@@ -603,7 +603,7 @@ sbx_stream_pipes(lua_State *L, int opts, int in_fd, int out_fd, int err_fd)
     return -1;
   }
   if (s->reads_open == 0)
-    finish(s, NULL, NULL);    /* nothing to read: it has ended */
+    finish(s, NULL, NULL); /* nothing to read: it has ended */
   else
     reading(s, 1);
   return 0;
@@ -706,7 +706,7 @@ stream_open(lua_State *L)
   int rc;
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  ud = lua_newuserdatauv(L, sizeof *ud, 0);                 /* [opts, ud] */
+  ud = lua_newuserdatauv(L, sizeof *ud, 0); /* [opts, ud] */
   ud->s = NULL;
   luaL_setmetatable(L, STREAM_MT);
   lua_getfield(L, 1, "unix_socket");
@@ -785,7 +785,6 @@ stream_open(lua_State *L)
   lua_settop(L, 2);
   return 1;
 }
-
 
 static int
 has_data(struct stream *s)
@@ -924,8 +923,7 @@ stream_read(lua_State *L)
   /* Never a buffer larger than what the capture keeps. */
   if ((uint64_t)max > c->head_len + c->tail_len)
     max = (lua_Integer)(c->head_len + c->tail_len) + 1;
-  got = sbx_capture_read_at(c, (uint64_t)off, luaL_buffinitsize(L, &b, (size_t)max),
-                            (size_t)max, &skipped);
+  got = sbx_capture_read_at(c, (uint64_t)off, luaL_buffinitsize(L, &b, (size_t)max), (size_t)max, &skipped);
   luaL_pushresultsize(&b, got);
   lua_pushinteger(L, off + (lua_Integer)skipped + (lua_Integer)got);
   lua_pushinteger(L, (lua_Integer)skipped);
@@ -1002,9 +1000,9 @@ stream_write(lua_State *L)
       return sbx_pushfail(L, "closed", "cannot write to the stream");
     }
   }
-  lua_pushinteger(L, (lua_Integer)(s->early.len +
-                                   (write_end(s) && (s->pipes || s->handle_open)
-                                    ? uv_stream_get_write_queue_size(write_end(s)) : 0)));
+  lua_pushinteger(L, (lua_Integer)(s->early.len + (write_end(s) && (s->pipes || s->handle_open)
+                                                     ? uv_stream_get_write_queue_size(write_end(s))
+                                                     : 0)));
   return 1;
 }
 
@@ -1084,35 +1082,27 @@ stream_tostring(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg stream_funcs[] = {
-  { "open", stream_open },
-  { "sink", stream_sink },
-  { NULL, NULL }
-};
+static const luaL_Reg stream_funcs[] = { { "open", stream_open }, { "sink", stream_sink }, { NULL, NULL } };
 
-static const luaL_Reg stream_methods[] = {
-  { "wait", stream_wait },
-  { "take", stream_take },
-  { "captured", stream_captured },
-  { "read", stream_read },
-  { "info", stream_info },
-  { "close", stream_close },
-  { "release", stream_release },
-  { "push", stream_push },
-  { "wait_room", stream_wait_room },
-  { "finish", stream_finish },
-  { "write", stream_write },
-  { "close_stdin", stream_close_stdin },
-  { NULL, NULL }
-};
+static const luaL_Reg stream_methods[] = { { "wait", stream_wait },
+                                           { "take", stream_take },
+                                           { "captured", stream_captured },
+                                           { "read", stream_read },
+                                           { "info", stream_info },
+                                           { "close", stream_close },
+                                           { "release", stream_release },
+                                           { "push", stream_push },
+                                           { "wait_room", stream_wait_room },
+                                           { "finish", stream_finish },
+                                           { "write", stream_write },
+                                           { "close_stdin", stream_close_stdin },
+                                           { NULL, NULL } };
 
-static const luaL_Reg stream_meta[] = {
-  { "__gc", stream_gc },
-  { "__close", stream_gc },
-  { "__tostring", stream_tostring },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg stream_meta[] = { { "__gc", stream_gc },
+                                        { "__close", stream_gc },
+                                        { "__tostring", stream_tostring },
+                                        { "__index", NULL },
+                                        { NULL, NULL } };
 
 int
 sbx_open_stream(lua_State *L)

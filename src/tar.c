@@ -115,14 +115,15 @@ fail(char *err, size_t errsz, int code, const char *fmt, ...)
 /* Checks one link: target taken from the directory of the clean path
 ** "name", into buf (lim->max_path * 2 + 2 bytes). 0 or an error. */
 static int
-check_link(const char *name, const char *target, const char *const *roots, size_t nroots,
-           char *buf, size_t bufsz, char *err, size_t errsz)
+check_link(const char *name, const char *target, const char *const *roots, size_t nroots, char *buf,
+           size_t bufsz, char *err, size_t errsz)
 {
   if (!target || !*target)
     return fail(err, errsz, SBX_TAR_LINK, "%s: a link without a target", name);
   if (target[0] == '/') {
     snprintf(buf, bufsz, "%s", target + 1);
-  } else {
+  }
+  else {
     const char *slash = strrchr(name, '/');
     if (slash)
       snprintf(buf, bufsz, "%.*s/%s", (int)(slash - name), name, target);
@@ -130,15 +131,14 @@ check_link(const char *name, const char *target, const char *const *roots, size_
       snprintf(buf, bufsz, "%s", target);
   }
   if (sbx_tar_clean(buf) != 0 || !under_any(buf, roots, nroots))
-    return fail(err, errsz, SBX_TAR_LINK, "%s: its link to '%s' leaves the declared outputs", name,
-                target);
+    return fail(err, errsz, SBX_TAR_LINK, "%s: its link to '%s' leaves the declared outputs", name, target);
   return 0;
 }
 
 int
 sbx_tar_filter(const void *in, size_t inlen, const char *const *roots, size_t nroots,
-               const struct sbx_tar_limits *lim, void **out, size_t *outlen, uint64_t *entries,
-               char *err, size_t errsz)
+               const struct sbx_tar_limits *lim, void **out, size_t *outlen, uint64_t *entries, char *err,
+               size_t errsz)
 {
   struct archive *r = NULL, *w = NULL;
   struct archive_entry *e, *ne = NULL;
@@ -187,12 +187,13 @@ sbx_tar_filter(const void *in, size_t inlen, const char *const *roots, size_t nr
       goto done;
     }
     if (++count > lim->max_entries) {
-      rc = fail(err, errsz, SBX_TAR_TOO_LARGE, "more than %llu entries",
-                (unsigned long long)lim->max_entries);
+      rc =
+        fail(err, errsz, SBX_TAR_TOO_LARGE, "more than %llu entries", (unsigned long long)lim->max_entries);
       goto done;
     }
     if (archive_entry_hardlink(e)) {
-      rc = fail(err, errsz, SBX_TAR_LINK, "%s: a hard link (outputs hold files, directories and symbolic links)", name);
+      rc = fail(err, errsz, SBX_TAR_LINK,
+                "%s: a hard link (outputs hold files, directories and symbolic links)", name);
       goto done;
     }
     if (type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK) {
@@ -219,7 +220,8 @@ sbx_tar_filter(const void *in, size_t inlen, const char *const *roots, size_t nr
     if (type == AE_IFLNK) {
       const char *target = archive_entry_symlink(e);
       if (target && strlen(target) > lim->max_path) {
-        rc = fail(err, errsz, SBX_TAR_TOO_LARGE, "%s: a link target longer than %zu bytes", name, lim->max_path);
+        rc =
+          fail(err, errsz, SBX_TAR_TOO_LARGE, "%s: a link target longer than %zu bytes", name, lim->max_path);
         goto done;
       }
       rc = check_link(name, target, roots, nroots, link, lim->max_path * 2 + 2, err, errsz);

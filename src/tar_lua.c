@@ -33,12 +33,18 @@ static const char *
 code_name(int rc)
 {
   switch (rc) {
-  case SBX_TAR_MALFORMED: return "malformed";
-  case SBX_TAR_OUTSIDE: return "outside";
-  case SBX_TAR_LINK: return "link";
-  case SBX_TAR_TYPE: return "type";
-  case SBX_TAR_TOO_LARGE: return "too_large";
-  default: return "nomem";
+  case SBX_TAR_MALFORMED:
+    return "malformed";
+  case SBX_TAR_OUTSIDE:
+    return "outside";
+  case SBX_TAR_LINK:
+    return "link";
+  case SBX_TAR_TYPE:
+    return "type";
+  case SBX_TAR_TOO_LARGE:
+    return "too_large";
+  default:
+    return "nomem";
   }
 }
 
@@ -80,7 +86,7 @@ tar_filter(lua_State *L)
   nroots = lua_rawlen(L, 2);
   if (nroots == 0)
     return luaL_argerror(L, 2, "no output paths");
-  roots = lua_newuserdatauv(L, nroots * sizeof *roots, 0);  /* [.., roots] */
+  roots = lua_newuserdatauv(L, nroots * sizeof *roots, 0); /* [.., roots] */
   for (i = 0; i < nroots; i++) {
     const char *s;
     if (lua_rawgeti(L, 2, (lua_Integer)i + 1) != LUA_TSTRING)
@@ -88,17 +94,17 @@ tar_filter(lua_State *L)
     s = lua_tostring(L, -1);
     if (!*s || s[0] == '/')
       return luaL_argerror(L, 2, "output paths must be relative, clean strings");
-    roots[i] = s;   /* anchored by the roots table */
+    roots[i] = s; /* anchored by the roots table */
     lua_pop(L, 1);
   }
-  box = lua_newuserdatauv(L, sizeof *box, 0);                 /* [.., roots, box] */
+  box = lua_newuserdatauv(L, sizeof *box, 0); /* [.., roots, box] */
   box->p = NULL;
   luaL_setmetatable(L, TARBUF_MT);
   rc = sbx_tar_filter(in, inlen, roots, nroots, &lim, &box->p, &outlen, &entries, err, sizeof err);
   if (rc != SBX_TAR_OK)
     return sbx_pushfail(L, code_name(rc), "%s", err);
   lua_pushlstring(L, box->p ? box->p : "", outlen);
-  free(box->p);   /* now, not at the next collection */
+  free(box->p); /* now, not at the next collection */
   box->p = NULL;
   lua_pushinteger(L, (lua_Integer)entries);
   return 2;

@@ -6,7 +6,6 @@
 #include "modules.h"
 #include "capture.h"
 
-
 /*
 ** text.sanitize(s) -> s as valid UTF-8, and the number of U+FFFD written
 ** for invalid bytes (one per maximal invalid subsequence; a U+FFFD that s
@@ -59,13 +58,11 @@ text_tail_cut(lua_State *L)
   return 2;
 }
 
-static const luaL_Reg text_funcs[] = {
-  { "sanitize", text_sanitize },
-  { "valid", text_valid },
-  { "head_cut", text_head_cut },
-  { "tail_cut", text_tail_cut },
-  { NULL, NULL }
-};
+static const luaL_Reg text_funcs[] = { { "sanitize", text_sanitize },
+                                       { "valid", text_valid },
+                                       { "head_cut", text_head_cut },
+                                       { "tail_cut", text_tail_cut },
+                                       { NULL, NULL } };
 
 int
 sbx_open_text(lua_State *L)

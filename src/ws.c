@@ -39,10 +39,10 @@
 
 #define WS_MT "sbx.ws"
 #define WS_PROTOCOL "sbx-ws"
-#define RX_CHUNK 16384          /* most payload bytes per receive callback */
-#define SERV_BUF 32768          /* lws's per-loop buffer; holds the upgrade request */
-#define LWS_OWN_TIMEOUT 86400   /* lws's handshake timeouts: ours (timeout=) decide */
-#define CLOSE_FLUSH_SECS 10     /* queued sends get this long before a close */
+#define RX_CHUNK 16384        /* most payload bytes per receive callback */
+#define SERV_BUF 32768        /* lws's per-loop buffer; holds the upgrade request */
+#define LWS_OWN_TIMEOUT 86400 /* lws's handshake timeouts: ours (timeout=) decide */
+#define CLOSE_FLUSH_SECS 10   /* queued sends get this long before a close */
 #define MAX_ADDRS 8
 #define ADDR_LEN 64
 
@@ -51,9 +51,9 @@ static const char *const state_names[] = { "connecting", "open", "closing", "clo
 
 struct ws_msg {
   struct ws_msg *next;
-  size_t len, off;              /* off: bytes already written (outgoing) */
+  size_t len, off; /* off: bytes already written (outgoing) */
   int binary;
-  char *p;                      /* the payload: data, or data + LWS_PRE (outgoing) */
+  char *p; /* the payload: data, or data + LWS_PRE (outgoing) */
   char data[];
 };
 
@@ -73,7 +73,7 @@ struct ws_vhost {
   struct ws_vhost *next;
   struct lws_vhost *vh;
   SSL_CTX *ssl_ctx;
-  char name[32];                /* lws keeps the pointer, not a copy */
+  char name[32]; /* lws keeps the pointer, not a copy */
   uint8_t id[32];
 };
 
@@ -102,21 +102,21 @@ struct ws_op {
 };
 
 struct ws_conn {
-  struct sbx_ws *ws;            /* NULL once the host's lws context is gone */
+  struct sbx_ws *ws; /* NULL once the host's lws context is gone */
   struct ws_conn *prev, *next;
-  struct lws *wsi;              /* the current attempt's, NULL when none */
-  int wsi_live;                 /* wsi that may still call back */
-  int in_connect;               /* inside lws_client_connect_via_info */
-  int owned;                    /* a userdata points here */
+  struct lws *wsi; /* the current attempt's, NULL when none */
+  int wsi_live;    /* wsi that may still call back */
+  int in_connect;  /* inside lws_client_connect_via_info */
+  int owned;       /* a userdata points here */
   int resolving;
   int aborted;
   uv_getaddrinfo_t gai;
   int state;
-  int opened;                   /* reached ST_OPEN (it may be closed again) */
+  int opened; /* reached ST_OPEN (it may be closed again) */
   /* where to */
   char *url, *host, *hosthdr, *path, *headers;
-  char *protocols;              /* offered subprotocols, "a, b", or NULL */
-  char protocol[64];            /* the one the server chose, or "" */
+  char *protocols;   /* offered subprotocols, "a, b", or NULL */
+  char protocol[64]; /* the one the server chose, or "" */
   size_t headers_len;
   int port, tls_flags;
   struct lws_vhost *vh;
@@ -130,7 +130,7 @@ struct ws_conn {
   struct ws_op *op;
   /* receiving */
   struct ws_queue rx;
-  struct ws_msg *asm_msg;       /* the message being reassembled */
+  struct ws_msg *asm_msg; /* the message being reassembled */
   size_t asm_cap;
   int asm_binary;
   size_t max_message, max_queue, max_send;
@@ -138,20 +138,20 @@ struct ws_conn {
   struct sbx_waiter *reader;
   /* sending */
   struct ws_queue tx, pings;
-  struct sbx_waiter *drainer;   /* a sender waiting for tx to drain ... */
-  size_t drain_limit;           /* ... to at most this many bytes */
+  struct sbx_waiter *drainer; /* a sender waiting for tx to drain ... */
+  size_t drain_limit;         /* ... to at most this many bytes */
   int close_wanted, out_code;
   char out_reason[124];
   size_t out_reason_len;
   /* the end */
-  int close_code;               /* 0: none yet */
+  int close_code; /* 0: none yet */
   char close_reason[124];
-  char end[256];                /* recv's message once closed */
+  char end[256]; /* recv's message once closed */
   lua_Integer messages_in, messages_out, bytes_in, bytes_out, pongs;
 };
 
 struct ws_ud {
-  struct ws_conn *c;            /* NULL once closed (__close, __gc) */
+  struct ws_conn *c; /* NULL once closed (__close, __gc) */
 };
 
 /* ---------------------------------------------------------------- queues */
@@ -285,8 +285,7 @@ attempt_failed(struct ws_conn *c, const char *why, size_t len)
   while (len > 0 && (why[len - 1] == '\0' || why[len - 1] == '\n'))
     len--;
   if (c->http_status && c->http_status != 101)
-    connect_failed(c, "handshake", "the server answered the websocket upgrade with HTTP %d",
-                   c->http_status);
+    connect_failed(c, "handshake", "the server answered the websocket upgrade with HTTP %d", c->http_status);
   else if (c->http_status == 101)
     connect_failed(c, "handshake", "bad websocket upgrade answer: %.*s", (int)len, why);
   else if (c->request_sent)
@@ -377,11 +376,9 @@ too_large(struct ws_conn *c, struct lws *wsi)
   c->close_code = LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE;
   snprintf(c->close_reason, sizeof c->close_reason, "%s", reason);
   snprintf(c->end, sizeof c->end,
-           "an incoming message is larger than max_message (%zu bytes): closed with 1009",
-           c->max_message);
+           "an incoming message is larger than max_message (%zu bytes): closed with 1009", c->max_message);
   c->state = ST_CLOSING;
-  lws_close_reason(wsi, LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE, (unsigned char *)reason,
-                   sizeof reason - 1);
+  lws_close_reason(wsi, LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE, (unsigned char *)reason, sizeof reason - 1);
   return -1; /* from the receive callback this sends the close frame */
 }
 
@@ -509,8 +506,7 @@ conn_error(struct ws_conn *c, struct lws *wsi, const char *in, size_t len)
   SSL *ssl = (c->tls_flags & LCCSCF_USE_SSL) ? lws_get_ssl(wsi) : NULL;
   long v = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
   if (v != X509_V_OK) {
-    snprintf(detail, sizeof detail, "certificate verify failed (%s)",
-             X509_verify_cert_error_string(v));
+    snprintf(detail, sizeof detail, "certificate verify failed (%s)", X509_verify_cert_error_string(v));
     attempt_failed(c, detail, strlen(detail));
   }
   else if (in)
@@ -615,10 +611,8 @@ ws_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void 
   return 0;
 }
 
-static const struct lws_protocols ws_protocols[] = {
-  { WS_PROTOCOL, ws_callback, 0, RX_CHUNK, 0, NULL, 0 },
-  { NULL, NULL, 0, 0, 0, NULL, 0 }
-};
+static const struct lws_protocols ws_protocols[] = { { WS_PROTOCOL, ws_callback, 0, RX_CHUNK, 0, NULL, 0 },
+                                                     { NULL, NULL, 0, 0, 0, NULL, 0 } };
 
 /* ---------------------------------------------------------------- the lws context */
 
@@ -994,11 +988,9 @@ gai_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   else if (c->state == ST_CONNECTING && !c->aborted && c->ws && !c->ws->dying) {
     for (ai = res; ai && c->naddrs < MAX_ADDRS; ai = ai->ai_next) {
       char *a = c->addrs[c->naddrs];
-      if (ai->ai_family == AF_INET &&
-          uv_ip4_name((struct sockaddr_in *)ai->ai_addr, a, ADDR_LEN) == 0)
+      if (ai->ai_family == AF_INET && uv_ip4_name((struct sockaddr_in *)ai->ai_addr, a, ADDR_LEN) == 0)
         c->naddrs++;
-      else if (ai->ai_family == AF_INET6 &&
-               uv_ip6_name((struct sockaddr_in6 *)ai->ai_addr, a, ADDR_LEN) == 0)
+      else if (ai->ai_family == AF_INET6 && uv_ip6_name((struct sockaddr_in6 *)ai->ai_addr, a, ADDR_LEN) == 0)
         c->naddrs++;
     }
     if (c->naddrs == 0)
@@ -1081,8 +1073,8 @@ connect_next(lua_State *L, struct ws_conn *c)
 {
   double left = c->deadline - sbx_now();
   struct ws_op *op;
-  if (c->err_code == NULL || strcmp(c->err_code, "ECONNREFUSED") != 0 ||
-      c->addr_i + 1 >= c->naddrs || left <= 0 || c->aborted || !c->ws || c->ws->dying)
+  if (c->err_code == NULL || strcmp(c->err_code, "ECONNREFUSED") != 0 || c->addr_i + 1 >= c->naddrs ||
+      left <= 0 || c->aborted || !c->ws || c->ws->dying)
     return -1;
   c->addr_i++;
   op = op_new(L, c, left);
@@ -1216,7 +1208,7 @@ push_protocols(lua_State *L, int opts)
   for (i = 1; i <= n; i++) {
     size_t len;
     const char *p;
-    lua_geti(L, list, i);                                  /* [list, ..., name] */
+    lua_geti(L, list, i); /* [list, ..., name] */
     p = lua_tolstring(L, -1, &len);
     if (!p || len == 0 || len > 60 || strcspn(p, "()<>@,;:\\\"/[]?={} \t\r\n") != len)
       luaL_error(L, "protocols: bad name #%d", (int)i);
@@ -1227,7 +1219,7 @@ push_protocols(lua_State *L, int opts)
     }
     parts++;
   }
-  lua_concat(L, parts);                                    /* [list, "a, b"] */
+  lua_concat(L, parts); /* [list, "a, b"] */
   lua_remove(L, list);
 }
 
@@ -1240,13 +1232,13 @@ push_headers(lua_State *L, int opts)
 {
   lua_getfield(L, opts, "headers");
   luaL_argcheck(L, lua_isnil(L, -1) || lua_istable(L, -1), 1, "headers must be a table");
-  lua_pushliteral(L, "");                                  /* [hdrs, acc] */
+  lua_pushliteral(L, ""); /* [hdrs, acc] */
   if (lua_isnil(L, -2)) {
     lua_remove(L, -2);
     return;
   }
   lua_pushnil(L);
-  while (lua_next(L, -3)) {                                /* [hdrs, acc, k, v] */
+  while (lua_next(L, -3)) { /* [hdrs, acc, k, v] */
     size_t kn, vn;
     const char *k, *v;
     if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
@@ -1257,11 +1249,11 @@ push_headers(lua_State *L, int opts)
       luaL_error(L, "headers: bad header '%s'", k);
     lua_pushvalue(L, -3);
     lua_pushfstring(L, "%s: %s\r\n", k, v);
-    lua_concat(L, 2);                                      /* [hdrs, acc, k, v, acc'] */
+    lua_concat(L, 2); /* [hdrs, acc, k, v, acc'] */
     lua_replace(L, -4);
-    lua_pop(L, 1);                                         /* [hdrs, acc', k] */
+    lua_pop(L, 1); /* [hdrs, acc', k] */
   }
-  lua_remove(L, -2);                                       /* [acc] */
+  lua_remove(L, -2); /* [acc] */
 }
 
 static double
@@ -1306,7 +1298,7 @@ ws_connect(lua_State *L)
   lua_settop(L, 1);
   lua_getfield(L, 1, "url");
   luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 1, "url string expected");
-  url = lua_tostring(L, -1);                               /* [opts, url] */
+  url = lua_tostring(L, -1); /* [opts, url] */
   parse_url(L, url, &u);
   timeout = opt_number(L, 1, "timeout", 30);
   luaL_argcheck(L, timeout > 0, 1, "timeout must be positive");
@@ -1328,11 +1320,11 @@ ws_connect(lua_State *L)
   luaL_argcheck(L, !tls.cert_data == !tls.key_data, 1, "cert_data and key_data go together");
   lua_getfield(L, 1, "insecure");
   insecure = lua_toboolean(L, -1);
-  lua_pop(L, 1);                                 /* [opts, url, ca, cad, cert, key] */
-  push_protocols(L, 1);                          /* [..., protos] */
-  push_headers(L, 1);                            /* [..., protos, hdrs] */
+  lua_pop(L, 1);        /* [opts, url, ca, cad, cert, key] */
+  push_protocols(L, 1); /* [..., protos] */
+  push_headers(L, 1);   /* [..., protos, hdrs] */
   headers = lua_tolstring(L, -1, &headers_len);
-  protos = lua_tolstring(L, -2, &protos_len);    /* both stay on the stack */
+  protos = lua_tolstring(L, -2, &protos_len); /* both stay on the stack */
 
   if (tls.ca_file) {
     FILE *f = fopen(tls.ca_file, "r");
@@ -1342,8 +1334,9 @@ ws_connect(lua_State *L)
   }
   ws = ws_get(h);
   if (!ws)
-    return sbx_pushfail(L, "closed", "cannot start libwebsockets on the loop "
-                                     "(is libwebsockets-evlib-uv installed?)");
+    return sbx_pushfail(L, "closed",
+                        "cannot start libwebsockets on the loop "
+                        "(is libwebsockets-evlib-uv installed?)");
   if (ws->dying)
     return sbx_pushfail(L, "closed", "the host is shutting down");
   if (tls.ca_file || tls.ca_data || tls.cert_data)
@@ -1354,10 +1347,10 @@ ws_connect(lua_State *L)
     return sbx_pushfail(L, "tls", "cannot set up TLS: %s", why ? why : "no vhost");
 
   /* Made closed first: from here on the userdata owns the connection. */
-  ud = lua_newuserdatauv(L, sizeof *ud, 0);                /* [..., ud] */
+  ud = lua_newuserdatauv(L, sizeof *ud, 0); /* [..., ud] */
   ud->c = NULL;
   luaL_setmetatable(L, WS_MT);
-  lua_replace(L, 2);                             /* [opts, ud, ..., protos, hdrs] */
+  lua_replace(L, 2); /* [opts, ud, ..., protos, hdrs] */
   c = calloc(1, sizeof *c);
   if (!c)
     return luaL_error(L, "out of memory");
@@ -1380,8 +1373,8 @@ ws_connect(lua_State *L)
   if (u.tls)
     c->tls_flags |= LCCSCF_USE_SSL;
   if (u.tls && insecure)
-    c->tls_flags |= LCCSCF_ALLOW_SELFSIGNED | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK |
-                    LCCSCF_ALLOW_EXPIRED | LCCSCF_ALLOW_INSECURE;
+    c->tls_flags |= LCCSCF_ALLOW_SELFSIGNED | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK | LCCSCF_ALLOW_EXPIRED |
+                    LCCSCF_ALLOW_INSECURE;
   c->url = dup_n(L, url, strlen(url));
   c->host = dup_n(L, u.host, u.host_len);
   /* "ws://h?q" has an empty path; the request line needs "/?q". */
@@ -1403,9 +1396,9 @@ ws_connect(lua_State *L)
     c->hosthdr = dup_n(L, lua_tostring(L, -1), lua_rawlen(L, -1));
     lua_pop(L, 1);
   }
-  lua_settop(L, 2);                                        /* [opts, ud] */
+  lua_settop(L, 2); /* [opts, ud] */
 
-  op = op_new(L, c, timeout);                              /* [opts, ud, op] */
+  op = op_new(L, c, timeout); /* [opts, ud, op] */
   memset(&hints, 0, sizeof hints);
   hints.ai_socktype = SOCK_STREAM;
   c->gai.data = c;
@@ -1449,8 +1442,9 @@ ws_send(lua_State *L)
   int binary = luaL_checkoption(L, 3, "binary", types);
   struct ws_msg *m;
   if (n > c->max_send)
-    return luaL_error(L, "a websocket message of %I bytes is longer than max_send (%I): "
-                         "it would need fragments; split it",
+    return luaL_error(L,
+                      "a websocket message of %I bytes is longer than max_send (%I): "
+                      "it would need fragments; split it",
                       (lua_Integer)n, (lua_Integer)c->max_send);
   if (c->state != ST_OPEN)
     return push_closed(L, c);
@@ -1559,7 +1553,6 @@ recv_take(lua_State *L, struct ws_conn *c)
   return 0;
 }
 
-
 static int
 recv_k(lua_State *L, int status, lua_KContext ctx)
 {
@@ -1597,8 +1590,7 @@ ws_recv(lua_State *L)
 static int
 valid_close_code(lua_Integer code)
 {
-  return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1011) ||
-         (code >= 3000 && code <= 4999);
+  return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1011) || (code >= 3000 && code <= 4999);
 }
 
 /* ws:close([code [, reason]]) -> true. Idempotent; never yields. */
@@ -1670,29 +1662,22 @@ ws_tostring(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg ws_funcs[] = {
-  { "connect", ws_connect },
-  { NULL, NULL }
-};
+static const luaL_Reg ws_funcs[] = { { "connect", ws_connect }, { NULL, NULL } };
 
-static const luaL_Reg ws_methods[] = {
-  { "send", ws_send },
-  { "buffered", ws_buffered },
-  { "wait_drained", ws_wait_drained },
-  { "recv", ws_recv },
-  { "ping", ws_ping },
-  { "close", ws_close },
-  { "info", ws_info },
-  { NULL, NULL }
-};
+static const luaL_Reg ws_methods[] = { { "send", ws_send },
+                                       { "buffered", ws_buffered },
+                                       { "wait_drained", ws_wait_drained },
+                                       { "recv", ws_recv },
+                                       { "ping", ws_ping },
+                                       { "close", ws_close },
+                                       { "info", ws_info },
+                                       { NULL, NULL } };
 
-static const luaL_Reg ws_meta[] = {
-  { "__gc", ws_gc },
-  { "__close", ws_gc },
-  { "__tostring", ws_tostring },
-  { "__index", NULL },
-  { NULL, NULL }
-};
+static const luaL_Reg ws_meta[] = { { "__gc", ws_gc },
+                                    { "__close", ws_gc },
+                                    { "__tostring", ws_tostring },
+                                    { "__index", NULL },
+                                    { NULL, NULL } };
 
 int
 sbx_open_ws(lua_State *L)

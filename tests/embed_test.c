@@ -18,10 +18,10 @@ main(void)
   if (!L)
     return 1;
   rc = sbx_dostring(L,
-    "local sbx = require 'sbx'\n"
-    "local t = sbx.spawn(function(x) sbx.sleep(0.01) return x * 2 end, 21)\n"
-    "result = tostring(sbx.wait(t)) .. ' ' .. sbx.json.encode({ok = true})\n",
-    "=embed");
+                    "local sbx = require 'sbx'\n"
+                    "local t = sbx.spawn(function(x) sbx.sleep(0.01) return x * 2 end, 21)\n"
+                    "result = tostring(sbx.wait(t)) .. ' ' .. sbx.json.encode({ok = true})\n",
+                    "=embed");
   n++;
   printf("%sok %d - sbx_dostring runs a chunk with tasks\n", rc == 0 ? "" : "not ", n);
   failed += rc != 0;

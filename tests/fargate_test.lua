@@ -194,7 +194,7 @@ tap.like(text, "bg", "list_processes shows it")
 text, is_error = sbx.tools.call(tools, "bash", { command = 42 })
 tap.ok(is_error, "malformed tool arguments are a tool error, not a crash")
 
-nr, kerr, kcode = box:exec("id", { user = "nobody" })
+local _, _, kcode = box:exec("id", { user = "nobody" })
 tap.is(kcode, "unsupported", "a per-command user is refused clearly (ECS Exec has none)")
 
 -- Concurrency inside one box.

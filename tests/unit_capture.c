@@ -82,8 +82,14 @@ main(void)
     char out[64];
     size_t o = sbx_utf8_sanitize(s, strlen(s), out, 1, &rest);
     ok(o == strlen(s) && memcmp(out, s, o) == 0, "valid UTF-8 passes unchanged");
-    o = sbx_utf8_sanitize("a\xFF" "b", 3, out, 1, &rest);
-    ok(o == 5 && memcmp(out, "a\xEF\xBF\xBD" "b", 5) == 0, "an invalid byte becomes U+FFFD");
+    o = sbx_utf8_sanitize("a\xFF"
+                          "b",
+                          3, out, 1, &rest);
+    ok(o == 5 && memcmp(out,
+                        "a\xEF\xBF\xBD"
+                        "b",
+                        5) == 0,
+       "an invalid byte becomes U+FFFD");
     o = sbx_utf8_sanitize("ab\xE2\x82", 4, out, 0, &rest);
     ok(o == 2 && rest == 2, "an incomplete sequence is held back when not final");
     o = sbx_utf8_sanitize("ab\xE2\x82", 4, out, 1, &rest);
@@ -94,7 +100,10 @@ main(void)
     ok(o == 6, "overlong encodings are invalid");
     ok(sbx_utf8_incomplete_suffix("ab\xE2\x82", 4) == 2, "incomplete suffix found");
     ok(sbx_utf8_incomplete_suffix("ab\xE2\x82\xAC", 5) == 0, "complete end has no suffix");
-    ok(sbx_utf8_lead_continuations("\x82\xAC" "ab", 4) == 2, "leading continuation bytes found");
+    ok(sbx_utf8_lead_continuations("\x82\xAC"
+                                   "ab",
+                                   4) == 2,
+       "leading continuation bytes found");
   }
   printf("1..%d\n", n);
   return failed ? 1 : 0;

@@ -27,7 +27,8 @@ agent_rewrite(const unsigned char *p, size_t len, unsigned char *o)
     if (i + 2 < len && p[i] == 0xEF && p[i + 1] == 0xBF && p[i + 2] == 0xBD) {
       o[k++] = 0xEF;
       i += 3;
-    } else {
+    }
+    else {
       o[k++] = p[i++];
     }
   }
@@ -42,17 +43,30 @@ main(void)
   size_t elen, olen, alen, i;
   unsigned seed = 16;
 
-  elen = sbx_pty_escape("a\xef\xbf\xbd" "b", 5, enc);
-  ok(elen == 6 && memcmp(enc, "a\xef" "0\xbf\xbd" "b", 6) == 0, "EF becomes EF 30, other bytes stay");
+  elen = sbx_pty_escape("a\xef\xbf\xbd"
+                        "b",
+                        5, enc);
+  ok(elen == 6 && memcmp(enc,
+                         "a\xef"
+                         "0\xbf\xbd"
+                         "b",
+                         6) == 0,
+     "EF becomes EF 30, other bytes stay");
   alen = agent_rewrite(enc, elen, agent);
-  ok(alen == elen && memcmp(agent, enc, elen) == 0, "the agent's rewrite leaves the encoding of U+FFFD alone");
+  ok(alen == elen && memcmp(agent, enc, elen) == 0,
+     "the agent's rewrite leaves the encoding of U+FFFD alone");
   sbx_pty_unescape_init(&d);
   ok(sbx_pty_unescape(&d, agent, alen, out, &olen) == 0 && olen == 5 &&
-         memcmp(out, "a\xef\xbf\xbd" "b", 5) == 0,
+       memcmp(out,
+              "a\xef\xbf\xbd"
+              "b",
+              5) == 0,
      "decoding after the agent gives U+FFFD back");
 
   /* Without the escaping the same bytes lose two. */
-  alen = agent_rewrite((const unsigned char *)"a\xef\xbf\xbd" "b", 5, agent);
+  alen = agent_rewrite((const unsigned char *)"a\xef\xbf\xbd"
+                                              "b",
+                       5, agent);
   ok(alen == 3, "unescaped, the agent turns EF BF BD into EF (what the escaping is for)");
 
   /* Every byte value, many times, through the agent's rewrite. */
@@ -64,7 +78,7 @@ main(void)
   alen = agent_rewrite(enc, elen, agent);
   sbx_pty_unescape_init(&d);
   ok(alen == elen && sbx_pty_unescape(&d, agent, alen, out, &olen) == 0 && olen == sizeof in &&
-         memcmp(out, in, sizeof in) == 0 && sbx_pty_unescape_done(&d),
+       memcmp(out, in, sizeof in) == 0 && sbx_pty_unescape_done(&d),
      "4096 bytes dense in EF BF BD survive the agent");
 
   /* An EF split from its 30 across chunks. */
@@ -72,12 +86,16 @@ main(void)
   ok(sbx_pty_unescape(&d, "x\xef", 2, out, &olen) == 0 && olen == 1 && !sbx_pty_unescape_done(&d),
      "an EF at a chunk's end waits");
   ok(sbx_pty_unescape(&d, "0y", 2, out, &olen) == 0 && olen == 2 && memcmp(out, "\xefy", 2) == 0 &&
-         sbx_pty_unescape_done(&d),
+       sbx_pty_unescape_done(&d),
      "its 30 in the next chunk completes it");
 
   /* What the agent does to raw U+FFFD is caught, not decoded wrongly. */
   sbx_pty_unescape_init(&d);
-  ok(sbx_pty_unescape(&d, "ab\xef" "c", 4, out, &olen) == -1 && olen == 2,
+  ok(sbx_pty_unescape(&d,
+                      "ab\xef"
+                      "c",
+                      4, out, &olen) == -1 &&
+       olen == 2,
      "an EF followed by another byte is refused, after the bytes before it");
 
   printf("1..%d\n", n);

@@ -28,8 +28,7 @@
 
 static int n, failed;
 
-static void ok(int cond, const char *fmt, ...)
-  __attribute__((format(printf, 2, 3)));
+static void ok(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void
 ok(int cond, const char *fmt, ...)
@@ -72,8 +71,7 @@ diag(const char *label, const char *s)
 }
 
 static void
-check_str(const char *want, const char *got, const char *name,
-          const char *what)
+check_str(const char *want, const char *got, const char *name, const char *what)
 {
   int good = want && got && strcmp(want, got) == 0;
   ok(good, "%s: %s", name, what);
@@ -204,8 +202,7 @@ read_context(const char *json, struct context *c)
   size_t i, o = 0;
   memset(c, 0, sizeof *c);
   if (!json_get(json, "access_key_id", c->access_key, sizeof c->access_key) ||
-      !json_get(json, "secret_access_key", c->secret_key,
-                sizeof c->secret_key) ||
+      !json_get(json, "secret_access_key", c->secret_key, sizeof c->secret_key) ||
       !json_get(json, "region", c->region, sizeof c->region) ||
       !json_get(json, "service", c->service, sizeof c->service) ||
       !json_get(json, "timestamp", ts, sizeof ts))
@@ -285,7 +282,7 @@ parse_request(char *text, size_t len, struct request *r)
     if (*p == ' ' || *p == '\t') {
       if (!r->nh)
         return -1;
-      p[-1] = '\n';         /* the previous value runs on over this line */
+      p[-1] = '\n'; /* the previous value runs on over this line */
       continue;
     }
     colon = strchr(p, ':');
@@ -323,7 +320,7 @@ amz_params(const char *query)
     free(out);
     return NULL;
   }
-  for (p = copy; p; ) {
+  for (p = copy; p;) {
     char *amp = strchr(p, '&');
     if (amp)
       *amp = '\0';
@@ -413,8 +410,7 @@ query_of(const char *signed_req)
 ** its Authorization line, names compared without case. 1 when they are.
 */
 static int
-added_headers_match(lua_State *L, int idx, const char *signed_req,
-                    const char *orig, const char **why)
+added_headers_match(lua_State *L, int idx, const char *signed_req, const char *orig, const char **why)
 {
   const char *p = strchr(signed_req, '\n');
   int want = 0, have = 0;
@@ -423,7 +419,7 @@ added_headers_match(lua_State *L, int idx, const char *signed_req,
     have++;
     lua_pop(L, 1);
   }
-  for (p = p ? p + 1 : NULL; p && *p && *p != '\n'; ) {
+  for (p = p ? p + 1 : NULL; p && *p && *p != '\n';) {
     const char *e = strchr(p, '\n'), *colon;
     size_t len = e ? (size_t)(e - p) : strlen(p);
     int found = 0;
@@ -436,8 +432,7 @@ added_headers_match(lua_State *L, int idx, const char *signed_req,
         size_t kl, vl;
         const char *k = lua_tolstring(L, -2, &kl);
         const char *v = lua_tolstring(L, -1, &vl);
-        if (kl == nl && strncasecmp(k, p, nl) == 0 &&
-            vl == len - nl - 1 && memcmp(v, colon + 1, vl) == 0)
+        if (kl == nl && strncasecmp(k, p, nl) == 0 && vl == len - nl - 1 && memcmp(v, colon + 1, vl) == 0)
           found = 1;
         lua_pop(L, 1);
       }
@@ -458,8 +453,7 @@ added_headers_match(lua_State *L, int idx, const char *signed_req,
 /* Pushes sigv4.sign's result for the case (or an error message) and
 ** returns the lua_pcall status. */
 static int
-lua_sign(lua_State *L, const struct request *r, const struct context *c,
-         int presign)
+lua_sign(lua_State *L, const struct request *r, const struct context *c, int presign)
 {
   size_t i;
   lua_getglobal(L, "sigv4");
@@ -523,22 +517,24 @@ field(lua_State *L, int idx, const char *k)
   const char *v;
   lua_getfield(L, idx, k);
   v = lua_tostring(L, -1);
-  lua_pop(L, 1);          /* the result table still holds the string */
+  lua_pop(L, 1); /* the result table still holds the string */
   return v;
 }
 
 static void
 run_case(const char *suite, const char *name, lua_State *L)
 {
-  static const char *const files[] = {
-    "context.json", "request.txt",
-    "header-canonical-request.txt", "header-string-to-sign.txt",
-    "header-signature.txt", "header-signed-request.txt",
-    "query-canonical-request.txt", "query-string-to-sign.txt",
-    "query-signature.txt", "query-signed-request.txt"
-  };
-  enum { CTX, REQ, H_CREQ, H_STS, H_SIG, H_SREQ, Q_CREQ, Q_STS, Q_SIG,
-         Q_SREQ, NFILES };
+  static const char *const files[] = { "context.json",
+                                       "request.txt",
+                                       "header-canonical-request.txt",
+                                       "header-string-to-sign.txt",
+                                       "header-signature.txt",
+                                       "header-signed-request.txt",
+                                       "query-canonical-request.txt",
+                                       "query-string-to-sign.txt",
+                                       "query-signature.txt",
+                                       "query-signed-request.txt" };
+  enum { CTX, REQ, H_CREQ, H_STS, H_SIG, H_SREQ, Q_CREQ, Q_STS, Q_SIG, Q_SREQ, NFILES };
   char dir[4096], *f[NFILES] = { 0 }, *orig = NULL;
   size_t req_len = 0;
   struct context c;
@@ -561,8 +557,7 @@ run_case(const char *suite, const char *name, lua_State *L)
   free(f[REQ]);
   f[REQ] = read_file(dir, "request.txt", &req_len);
   orig = f[REQ] ? strdup(f[REQ]) : NULL;
-  if (!orig || read_context(f[CTX], &c) ||
-      parse_request(f[REQ], req_len, &r)) {
+  if (!orig || read_context(f[CTX], &c) || parse_request(f[REQ], req_len, &r)) {
     ok(0, "%s: parse context.json and request.txt", name);
     goto done;
   }
@@ -583,8 +578,7 @@ run_case(const char *suite, const char *name, lua_State *L)
   cfg.service = c.service;
   cfg.amz_date = c.amz_date;
   cfg.expires = c.expires;
-  cfg.flags = (c.normalize ? 0 : SBX_SIGV4_NO_NORMALIZE) |
-              (c.sign_body ? SBX_SIGV4_CONTENT_SHA256 : 0) |
+  cfg.flags = (c.normalize ? 0 : SBX_SIGV4_NO_NORMALIZE) | (c.sign_body ? SBX_SIGV4_CONTENT_SHA256 : 0) |
               (c.omit_token ? SBX_SIGV4_TOKEN_UNSIGNED : 0);
 
   for (mode = 0; mode < 2; mode++) {
@@ -604,8 +598,7 @@ run_case(const char *suite, const char *name, lua_State *L)
               mode ? "query canonical request" : "header canonical request");
     check_str(f[mode ? Q_STS : H_STS], res.string_to_sign, name,
               mode ? "query string to sign" : "header string to sign");
-    check_str(f[mode ? Q_SIG : H_SIG], res.signature, name,
-              mode ? "query signature" : "header signature");
+    check_str(f[mode ? Q_SIG : H_SIG], res.signature, name, mode ? "query signature" : "header signature");
     if (mode) {
       /* The suite lists the parameters in its own order; compare the
       ** X-Amz-* ones as sets (the rest is the canonical query). */
@@ -633,8 +626,7 @@ run_case(const char *suite, const char *name, lua_State *L)
       char *auth = authorization_of(f[H_SREQ]);
       int good;
       lua_getfield(L, -1, "headers");
-      good = auth && field(L, -2, "authorization") &&
-             !strcmp(auth, field(L, -2, "authorization")) &&
+      good = auth && field(L, -2, "authorization") && !strcmp(auth, field(L, -2, "authorization")) &&
              !strcmp(f[H_CREQ], field(L, -2, "canonical_request")) &&
              added_headers_match(L, lua_gettop(L), f[H_SREQ], orig, &why);
       ok(good, "%s: lua sign: Authorization and the headers to add", name);
@@ -646,8 +638,7 @@ run_case(const char *suite, const char *name, lua_State *L)
     else {
       char *want = query_of(f[Q_SREQ]);
       char *wp = amz_params(want), *gp = amz_params(field(L, -1, "query"));
-      int good = wp && gp && !strcmp(wp, gp) &&
-                 !strcmp(f[Q_SIG], field(L, -1, "signature")) &&
+      int good = wp && gp && !strcmp(wp, gp) && !strcmp(f[Q_SIG], field(L, -1, "signature")) &&
                  !field(L, -1, "authorization");
       ok(good, "%s: lua presign: signature and query", name);
       if (!good) {
@@ -687,8 +678,7 @@ own_cases(void)
     { "/a%2Fb/c d", 0, "/a%252Fb/c%20d" },
     { "/caf\xC3\xA9/~x+y", 0, "/caf%C3%A9/~x%2By" },
     { "//a/../b//", SBX_SIGV4_NO_ENCODE_PATH, "/b/" },
-    { "/a%2Fb/./c%20d", SBX_SIGV4_NO_NORMALIZE | SBX_SIGV4_NO_ENCODE_PATH,
-      "/a%2Fb/./c%20d" },
+    { "/a%2Fb/./c%20d", SBX_SIGV4_NO_NORMALIZE | SBX_SIGV4_NO_ENCODE_PATH, "/a%2Fb/./c%20d" },
   };
   static const struct {
     const char *in, *want;
@@ -701,13 +691,10 @@ own_cases(void)
     { "Param-3=1&Param=2&Param=1", "Param=1&Param=2&Param-3=1" },
   };
   static const struct sbx_sigv4_header hdrs[] = {
-    { "X-B", "2" }, { "x-a", "\t a \t b \r\n  c " }, { "Host", "h" },
-    { "X-B", " 1 " }, { "User-Agent", "ua" }, { "Proxy-Authorization", "p" },
-    { "Empty", "" },
+    { "X-B", "2" },         { "x-a", "\t a \t b \r\n  c " }, { "Host", "h" }, { "X-B", " 1 " },
+    { "User-Agent", "ua" }, { "Proxy-Authorization", "p" },  { "Empty", "" },
   };
-  static const struct sbx_sigv4_header host[] = {
-    { "Host", "example.amazonaws.com" }
-  };
+  static const struct sbx_sigv4_header host[] = { { "Host", "example.amazonaws.com" } };
   unsigned char key[32];
   char hex[65], *out = NULL, *sig = NULL;
   size_t i;
@@ -729,8 +716,7 @@ own_cases(void)
       free(out);
   }
 
-  rc = sbx_sigv4_canonical_headers(hdrs, sizeof hdrs / sizeof hdrs[0], &out,
-                                   &sig);
+  rc = sbx_sigv4_canonical_headers(hdrs, sizeof hdrs / sizeof hdrs[0], &out, &sig);
   check_str("empty:\nhost:h\nx-a:a b c\nx-b:2,1\n", rc ? NULL : out, "own",
             "canonical headers: folds, tabs, order of duplicates, unsigned "
             "hop-by-hop");
@@ -741,8 +727,7 @@ own_cases(void)
   }
 
   /* AWS documentation's example: "Deriving the signing key". */
-  rc = sbx_sigv4_signing_key(SECRET, "20120215T000000Z", "us-east-1", "iam",
-                             key);
+  rc = sbx_sigv4_signing_key(SECRET, "20120215T000000Z", "us-east-1", "iam", key);
   hex[0] = '\0';
   if (!rc) {
     static const char digits[] = "0123456789abcdef";
@@ -752,26 +737,20 @@ own_cases(void)
     }
     hex[64] = '\0';
   }
-  check_str("f4780e2d9f65fa895f9c67b32ce1baf0b0d8a43505a000a1a9e090d414db404d",
-            hex, "own", "signing key (AWS documentation example)");
+  check_str("f4780e2d9f65fa895f9c67b32ce1baf0b0d8a43505a000a1a9e090d414db404d", hex, "own",
+            "signing key (AWS documentation example)");
   rc = sbx_sigv4_sha256_hex("", 0, hex);
-  check_str("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-            rc ? NULL : hex, "own", "SHA-256 of the empty body");
+  check_str("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", rc ? NULL : hex, "own",
+            "SHA-256 of the empty body");
 
   /* Refusals: each input the signer must not accept. */
   {
-    static const struct sbx_sigv4_header bad_name[] = {
-      { "Host", "h" }, { "Bad Name", "1" } };
-    static const struct sbx_sigv4_header bare_lf[] = {
-      { "Host", "h" }, { "X", "a\nEvil: 1" } };
-    static const struct sbx_sigv4_header fold[] = {
-      { "Host", "h" }, { "X", "a\r\n b" } };
-    static const struct sbx_sigv4_header xdate[] = {
-      { "Host", "h" }, { "X-AMZ-DATE", "1" } };
-    static const struct sbx_sigv4_header auth[] = {
-      { "Host", "h" }, { "authorization", "1" } };
-    static const struct sbx_sigv4_header sha[] = {
-      { "Host", "h" }, { "X-Amz-Content-Sha256", "1" } };
+    static const struct sbx_sigv4_header bad_name[] = { { "Host", "h" }, { "Bad Name", "1" } };
+    static const struct sbx_sigv4_header bare_lf[] = { { "Host", "h" }, { "X", "a\nEvil: 1" } };
+    static const struct sbx_sigv4_header fold[] = { { "Host", "h" }, { "X", "a\r\n b" } };
+    static const struct sbx_sigv4_header xdate[] = { { "Host", "h" }, { "X-AMZ-DATE", "1" } };
+    static const struct sbx_sigv4_header auth[] = { { "Host", "h" }, { "authorization", "1" } };
+    static const struct sbx_sigv4_header sha[] = { { "Host", "h" }, { "X-Amz-Content-Sha256", "1" } };
     static const struct sbx_sigv4_header nohost[] = { { "X", "1" } };
     struct {
       const char *what;
@@ -782,33 +761,22 @@ own_cases(void)
       long expires;
       int want;
     } bad[] = {
-      { "no Host", nohost, 1, NULL, NULL, NULL, NULL, 0, 0,
-        SBX_SIGV4_ENOHOST },
-      { "X-Amz-Date header", xdate, 2, NULL, NULL, NULL, NULL, 0, 0,
-        SBX_SIGV4_ERESERVED },
-      { "Authorization header", auth, 2, NULL, NULL, NULL, NULL, 0, 0,
-        SBX_SIGV4_ERESERVED },
-      { "x-amz-content-sha256 header with CONTENT_SHA256", sha, 2, NULL, NULL,
-        NULL, NULL, SBX_SIGV4_CONTENT_SHA256, 0, SBX_SIGV4_ERESERVED },
-      { "header name with a space", bad_name, 2, NULL, NULL, NULL, NULL, 0, 0,
+      { "no Host", nohost, 1, NULL, NULL, NULL, NULL, 0, 0, SBX_SIGV4_ENOHOST },
+      { "X-Amz-Date header", xdate, 2, NULL, NULL, NULL, NULL, 0, 0, SBX_SIGV4_ERESERVED },
+      { "Authorization header", auth, 2, NULL, NULL, NULL, NULL, 0, 0, SBX_SIGV4_ERESERVED },
+      { "x-amz-content-sha256 header with CONTENT_SHA256", sha, 2, NULL, NULL, NULL, NULL,
+        SBX_SIGV4_CONTENT_SHA256, 0, SBX_SIGV4_ERESERVED },
+      { "header name with a space", bad_name, 2, NULL, NULL, NULL, NULL, 0, 0, SBX_SIGV4_EINVAL },
+      { "bare line break in a value", bare_lf, 2, NULL, NULL, NULL, NULL, 0, 0, SBX_SIGV4_EINVAL },
+      { "malformed amz_date", host, 1, NULL, "2015-08-30", NULL, NULL, 0, 0, SBX_SIGV4_EINVAL },
+      { "region with '/'", host, 1, NULL, NULL, "us/east-1", NULL, 0, 0, SBX_SIGV4_EINVAL },
+      { "empty secret", host, 1, NULL, NULL, NULL, "", 0, 0, SBX_SIGV4_EINVAL },
+      { "presign with expires 0", host, 1, NULL, NULL, NULL, NULL, SBX_SIGV4_PRESIGN, 0, SBX_SIGV4_EINVAL },
+      { "presign with expires over 7 days", host, 1, NULL, NULL, NULL, NULL, SBX_SIGV4_PRESIGN, 604801,
         SBX_SIGV4_EINVAL },
-      { "bare line break in a value", bare_lf, 2, NULL, NULL, NULL, NULL, 0,
-        0, SBX_SIGV4_EINVAL },
-      { "malformed amz_date", host, 1, NULL, "2015-08-30", NULL, NULL, 0, 0,
-        SBX_SIGV4_EINVAL },
-      { "region with '/'", host, 1, NULL, NULL, "us/east-1", NULL, 0, 0,
-        SBX_SIGV4_EINVAL },
-      { "empty secret", host, 1, NULL, NULL, NULL, "", 0, 0,
-        SBX_SIGV4_EINVAL },
-      { "presign with expires 0", host, 1, NULL, NULL, NULL, NULL,
-        SBX_SIGV4_PRESIGN, 0, SBX_SIGV4_EINVAL },
-      { "presign with expires over 7 days", host, 1, NULL, NULL, NULL, NULL,
-        SBX_SIGV4_PRESIGN, 604801, SBX_SIGV4_EINVAL },
-      { "presign over an X-Amz-Signature parameter", host, 1,
-        "a=1&X-Amz-Signature=x", NULL, NULL, NULL, SBX_SIGV4_PRESIGN, 60,
-        SBX_SIGV4_ERESERVED },
-      { "obs-fold value is accepted", fold, 2, NULL, NULL, NULL, NULL, 0, 0,
-        0 },
+      { "presign over an X-Amz-Signature parameter", host, 1, "a=1&X-Amz-Signature=x", NULL, NULL, NULL,
+        SBX_SIGV4_PRESIGN, 60, SBX_SIGV4_ERESERVED },
+      { "obs-fold value is accepted", fold, 2, NULL, NULL, NULL, NULL, 0, 0, 0 },
     };
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
       struct sbx_sigv4_request req = { 0 };
@@ -827,8 +795,7 @@ own_cases(void)
       cfg.flags = bad[i].flags;
       cfg.expires = bad[i].expires;
       rc = sbx_sigv4_sign(&req, &cfg, &res);
-      ok(rc == bad[i].want && (rc ? res.canonical_request == NULL &&
-                               res.error != NULL : res.error == NULL),
+      ok(rc == bad[i].want && (rc ? res.canonical_request == NULL && res.error != NULL : res.error == NULL),
          "own: %s: %s", bad[i].what, sbx_sigv4_strerror(bad[i].want));
       if (rc != bad[i].want)
         diag("got", sbx_sigv4_strerror(rc));
@@ -854,23 +821,21 @@ own_cases(void)
     cfg.region = "us-east-1";
     cfg.service = "s3";
     cfg.amz_date = "20150830T123600Z";
-    cfg.flags = SBX_SIGV4_CONTENT_SHA256 | SBX_SIGV4_NO_NORMALIZE |
-                SBX_SIGV4_NO_ENCODE_PATH;
+    cfg.flags = SBX_SIGV4_CONTENT_SHA256 | SBX_SIGV4_NO_NORMALIZE | SBX_SIGV4_NO_ENCODE_PATH;
     rc = sbx_sigv4_sign(&req, &cfg, &res);
     cr = rc ? "" : res.canonical_request;
-    ok(!rc && strstr(cr, "\nx-amz-content-sha256:UNSIGNED-PAYLOAD\n") &&
-       strlen(cr) > 17 && !strcmp(cr + strlen(cr) - 17, "\nUNSIGNED-PAYLOAD"),
+    ok(!rc && strstr(cr, "\nx-amz-content-sha256:UNSIGNED-PAYLOAD\n") && strlen(cr) > 17 &&
+         !strcmp(cr + strlen(cr) - 17, "\nUNSIGNED-PAYLOAD"),
        "own: UNSIGNED-PAYLOAD is hashed nowhere and signed as is");
     if (rc)
       diag("error", sbx_sigv4_strerror(rc));
     sbx_sigv4_result_free(&res);
-    sbx_sigv4_result_free(&res);    /* twice is harmless */
+    sbx_sigv4_result_free(&res); /* twice is harmless */
   }
 
   ok(!strcmp(sbx_sigv4_strerror(SBX_SIGV4_ENOMEM), "out of memory") &&
-     !strcmp(sbx_sigv4_strerror(-999), "unknown error") &&
-     strcmp(sbx_sigv4_strerror(SBX_SIGV4_EINVAL),
-            sbx_sigv4_strerror(SBX_SIGV4_ERESERVED)),
+       !strcmp(sbx_sigv4_strerror(-999), "unknown error") &&
+       strcmp(sbx_sigv4_strerror(SBX_SIGV4_EINVAL), sbx_sigv4_strerror(SBX_SIGV4_ERESERVED)),
      "own: sbx_sigv4_strerror");
 }
 
@@ -1021,8 +986,7 @@ main(int argc, char **argv)
     char path[4096];
     struct stat st;
     snprintf(path, sizeof path, "%s/%s", suite, ents[i]->d_name);
-    if (ents[i]->d_name[0] != '.' && stat(path, &st) == 0 &&
-        S_ISDIR(st.st_mode)) {
+    if (ents[i]->d_name[0] != '.' && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
       run_case(suite, ents[i]->d_name, L);
       cases++;
     }
@@ -1032,8 +996,7 @@ main(int argc, char **argv)
   ok(cases > 0, "suite: %d case directories in %s", cases, suite);
 
   own_cases();
-  if (luaL_loadbuffer(L, lua_cases, sizeof lua_cases - 1, "=lua_cases") ||
-      lua_pcall(L, 0, 0, 0)) {
+  if (luaL_loadbuffer(L, lua_cases, sizeof lua_cases - 1, "=lua_cases") || lua_pcall(L, 0, 0, 0)) {
     ok(0, "lua: the chunk runs to its end");
     diag("error", lua_tostring(L, -1));
   }

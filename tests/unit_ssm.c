@@ -37,7 +37,7 @@ note(const char *fmt, ...)
     return;
   memcpy(diag + diag_len, "# ", 2);
   diag_len += 2;
-  room = sizeof diag - diag_len - 1;   /* one byte kept for the newline */
+  room = sizeof diag - diag_len - 1; /* one byte kept for the newline */
   va_start(ap, fmt);
   w = vsnprintf(diag + diag_len, room, fmt, ap);
   va_end(ap);
@@ -126,8 +126,7 @@ jint(const cJSON *o, const char *key, long long *v)
   if (!cJSON_IsNumber(j))
     return -1;
   d = j->valuedouble;
-  if (!(d >= -9007199254740992.0 && d <= 9007199254740992.0) ||
-      (double)(long long)d != d)
+  if (!(d >= -9007199254740992.0 && d <= 9007199254740992.0) || (double)(long long)d != d)
     return -1;
   *v = (long long)d;
   return 0;
@@ -144,15 +143,11 @@ load_want(const cJSON *v, struct want *w)
 {
   int bad = 0;
   memset(w, 0, sizeof *w);
-  if (!(w->type = jstr(v, "message_type")) ||
-      !(w->id = jstr(v, "message_id")) ||
-      !(w->payload_hex = jstr(v, "payload_hex")) ||
-      !(w->digest_hex = jstr(v, "payload_digest_hex")))
+  if (!(w->type = jstr(v, "message_type")) || !(w->id = jstr(v, "message_id")) ||
+      !(w->payload_hex = jstr(v, "payload_hex")) || !(w->digest_hex = jstr(v, "payload_digest_hex")))
     bad = 1;
-  if (jint(v, "schema_version", &w->schema) < 0 ||
-      jint(v, "created_date_ms", &w->date) < 0 ||
-      jint(v, "sequence_number", &w->seq) < 0 ||
-      jint(v, "flags", &w->flags) < 0 ||
+  if (jint(v, "schema_version", &w->schema) < 0 || jint(v, "created_date_ms", &w->date) < 0 ||
+      jint(v, "sequence_number", &w->seq) < 0 || jint(v, "flags", &w->flags) < 0 ||
       jint(v, "payload_type", &w->ptype) < 0)
     bad = 1;
   if (bad)
@@ -165,8 +160,7 @@ load_want(const cJSON *v, struct want *w)
 /* {====================================================== C API */
 
 static void
-c_accept(const char *name, const unsigned char *frame, size_t len,
-         const struct want *w)
+c_accept(const char *name, const unsigned char *frame, size_t len, const struct want *w)
 {
   struct sbx_ssm_msg m;
   char err[200], id[SBX_SSM_UUID_STRLEN + 1], dig[2 * SBX_SSM_DIGEST_SIZE + 1];
@@ -185,24 +179,19 @@ c_accept(const char *name, const unsigned char *frame, size_t len,
   if (m.header_length != SBX_SSM_HEADER_LENGTH)
     note("header_length %lu", (unsigned long)m.header_length);
   if ((long long)m.schema_version != w->schema)
-    note("schema_version %lu, want %lld", (unsigned long)m.schema_version,
-         w->schema);
+    note("schema_version %lu, want %lld", (unsigned long)m.schema_version, w->schema);
   if ((long long)m.created_date != w->date)
-    note("created_date %llu, want %lld", (unsigned long long)m.created_date,
-         w->date);
+    note("created_date %llu, want %lld", (unsigned long long)m.created_date, w->date);
   if (m.sequence_number != w->seq)
-    note("sequence_number %lld, want %lld", (long long)m.sequence_number,
-         w->seq);
+    note("sequence_number %lld, want %lld", (long long)m.sequence_number, w->seq);
   if ((long long)m.flags != w->flags)
     note("flags %llu, want %lld", (unsigned long long)m.flags, w->flags);
   if ((long long)m.payload_type != w->ptype)
-    note("payload_type %lu, want %lld", (unsigned long)m.payload_type,
-         w->ptype);
+    note("payload_type %lu, want %lld", (unsigned long)m.payload_type, w->ptype);
   sbx_ssm_uuid_format(m.message_id, id);
   if (strcmp(id, w->id) != 0)
     note("message_id %s, want %s", id, w->id);
-  if (sbx_ssm_uuid_parse(w->id, strlen(w->id), wire) < 0 ||
-      memcmp(wire, m.message_id, sizeof wire) != 0)
+  if (sbx_ssm_uuid_parse(w->id, strlen(w->id), wire) < 0 || memcmp(wire, m.message_id, sizeof wire) != 0)
     note("uuid_parse(%s) is not the wire MessageId", w->id);
   if (memcmp(wire, frame + 64, sizeof wire) != 0)
     note("uuid_parse(%s) differs from frame bytes 64..79", w->id);
@@ -221,8 +210,7 @@ c_accept(const char *name, const unsigned char *frame, size_t len,
   if ((rc = sbx_ssm_encode(&m, &enc, &elen)) < 0)
     note("encode failed: %s", sbx_ssm_strerror(rc));
   else if (elen != len || memcmp(enc, frame, len) != 0)
-    note("encode gave %zu bytes that differ from the %zu-byte frame", elen,
-         len);
+    note("encode gave %zu bytes that differ from the %zu-byte frame", elen, len);
   free(enc);
   check(1, name);
 }
@@ -287,22 +275,20 @@ want_str(lua_State *L, const char *key, const void *want, size_t wlen)
   if (lua_type(L, -1) == LUA_TSTRING)
     s = lua_tolstring(L, -1, &k);
   if (!s || k != wlen || memcmp(s, want, k) != 0)
-    note("t.%s is wrong (%s, %zu bytes, want %zu)", key,
-         luaL_typename(L, -1), k, wlen);
+    note("t.%s is wrong (%s, %zu bytes, want %zu)", key, luaL_typename(L, -1), k, wlen);
   lua_pop(L, 1);
 }
 
 static void
-l_accept(lua_State *L, const char *name, const unsigned char *frame,
-           size_t len, const struct want *w)
+l_accept(lua_State *L, const char *name, const unsigned char *frame, size_t len, const struct want *w)
 {
   unsigned char *payload = NULL;
   size_t plen = 0, k;
   const char *s;
   int top = lua_gettop(L);
 
-  lua_pushlstring(L, (const char *)frame, len);            /* [frame] */
-  if (call_ssm(L, "decode", -1, 3) == 0) {             /* [frame, t, e, c] */
+  lua_pushlstring(L, (const char *)frame, len); /* [frame] */
+  if (call_ssm(L, "decode", -1, 3) == 0) {      /* [frame, t, e, c] */
     lua_pop(L, 2);
     if (!lua_istable(L, -1)) {
       note("decode returned %s", luaL_typename(L, -1));
@@ -320,7 +306,7 @@ l_accept(lua_State *L, const char *name, const unsigned char *frame,
         want_str(L, "payload", payload, plen);
         free(payload);
       }
-      if (call_ssm(L, "encode", -1, 1) == 0) {         /* [frame, t, f2] */
+      if (call_ssm(L, "encode", -1, 1) == 0) { /* [frame, t, f2] */
         s = lua_tolstring(L, -1, &k);
         if (!s || k != len || memcmp(s, frame, len) != 0)
           note("encode(decode(frame)) differs from the frame");
@@ -332,8 +318,7 @@ l_accept(lua_State *L, const char *name, const unsigned char *frame,
 }
 
 static void
-l_reject(lua_State *L, const char *name, const unsigned char *frame,
-           size_t len)
+l_reject(lua_State *L, const char *name, const unsigned char *frame, size_t len)
 {
   int top = lua_gettop(L);
   lua_pushlstring(L, (const char *)frame, len);
@@ -342,8 +327,7 @@ l_reject(lua_State *L, const char *name, const unsigned char *frame,
       note("decode returned %s, want nil", luaL_typename(L, -3));
     if (lua_type(L, -2) != LUA_TSTRING)
       note("no error message");
-    if (lua_type(L, -1) != LUA_TSTRING ||
-        strcmp(lua_tostring(L, -1), "ssm") != 0)
+    if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "ssm") != 0)
       note("third result is not \"ssm\"");
   }
   lua_settop(L, top);
@@ -450,22 +434,20 @@ handmade_decode(void)
   struct sbx_ssm_msg m;
   size_t len = sample_frame(f, sizeof f);
 
-  check(len == 127 && sbx_ssm_decode(f, len, &m, err, sizeof err) == 0,
-        "sample frame is valid");
+  check(len == 127 && sbx_ssm_decode(f, len, &m, err, sizeof err) == 0, "sample frame is valid");
 
   memcpy(g, f, len);
   g[3] = 0;
   check(sbx_ssm_decode(g, len, &m, err, sizeof err) == SBX_SSM_EHEADER,
         "HeaderLength 0 is refused (plugin: HeaderLength cannot be zero)");
   g[3] = 117;
-  check(sbx_ssm_decode(g, len, &m, err, sizeof err) == SBX_SSM_EHEADER,
-        "HeaderLength 117 is refused");
+  check(sbx_ssm_decode(g, len, &m, err, sizeof err) == SBX_SSM_EHEADER, "HeaderLength 117 is refused");
 
   memcpy(g, f, len);
-  g[119] = 6;   /* PayloadLength 6 with 7 bytes following */
+  g[119] = 6; /* PayloadLength 6 with 7 bytes following */
   check(sbx_ssm_decode(g, len, &m, err, sizeof err) == SBX_SSM_ELENGTH,
         "PayloadLength one short of the frame is refused");
-  g[119] = 0;   /* the plugin skips the digest when PayloadLength is 0 */
+  g[119] = 0; /* the plugin skips the digest when PayloadLength is 0 */
   check(sbx_ssm_decode(g, len, &m, err, sizeof err) == SBX_SSM_ELENGTH,
         "PayloadLength 0 with a payload behind it is refused");
   /* PayloadLength 0, no payload, a digest that is not SHA-256(""). */
@@ -475,14 +457,13 @@ handmade_decode(void)
   memcpy(g, f, len);
   memset(g + 4 + 18, 0, 14);
   check(sbx_ssm_decode(g, len, &m, err, sizeof err) == 0 &&
-        strcmp(m.message_type, "output_stream_data") == 0 &&
-        sbx_ssm_encode_to(&m, g, sizeof g) == 0 && memcmp(g, f, len) == 0,
+          strcmp(m.message_type, "output_stream_data") == 0 && sbx_ssm_encode_to(&m, g, sizeof g) == 0 &&
+          memcmp(g, f, len) == 0,
         "NUL padding in MessageType is trimmed, re-encoded with spaces");
   memcpy(g, f, len);
   memset(g + 4, ' ', 32);
   memcpy(g + 6, "output_stream_data", 18);
-  check(sbx_ssm_decode(g, len, &m, err, sizeof err) == 0 &&
-        strcmp(m.message_type, "output_stream_data") == 0,
+  check(sbx_ssm_decode(g, len, &m, err, sizeof err) == 0 && strcmp(m.message_type, "output_stream_data") == 0,
         "leading spaces in MessageType are trimmed");
   memcpy(g, f, len);
   g[4 + 6] = 0x01;
@@ -493,9 +474,9 @@ handmade_decode(void)
         "a non-ASCII byte inside MessageType is refused");
 
   check(sbx_ssm_decode(f, len, NULL, err, sizeof err) == SBX_SSM_EINVAL &&
-        sbx_ssm_decode(NULL, 0, &m, err, sizeof err) == SBX_SSM_ESHORT &&
-        sbx_ssm_decode(NULL, 5, &m, NULL, 0) == SBX_SSM_EINVAL &&
-        sbx_ssm_decode(f, 3, &m, NULL, 0) == SBX_SSM_ESHORT,
+          sbx_ssm_decode(NULL, 0, &m, err, sizeof err) == SBX_SSM_ESHORT &&
+          sbx_ssm_decode(NULL, 5, &m, NULL, 0) == SBX_SSM_EINVAL &&
+          sbx_ssm_decode(f, 3, &m, NULL, 0) == SBX_SSM_ESHORT,
         "decode handles NULL arguments and a NULL err");
   sbx_ssm_decode(f, 60, &m, err, 8);
   check(strlen(err) == 7, "a short err buffer is truncated and NUL-terminated");
@@ -505,18 +486,22 @@ static void
 handmade_uuid(void)
 {
   /* README: this id is written as 8e210d5f7a9b3c12 6f1c2a4e9b7d4c3a. */
-  static const unsigned char wire_want[16] = {
-    0x8e, 0x21, 0x0d, 0x5f, 0x7a, 0x9b, 0x3c, 0x12,
-    0x6f, 0x1c, 0x2a, 0x4e, 0x9b, 0x7d, 0x4c, 0x3a
-  };
-#define BAD(s) { s, sizeof s - 1 }
-  static const struct { const char *s; size_t n; } bad[] = {
-    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c1"),      /* 35 characters */
-    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c123"),    /* 37 characters */
-    BAD("6f1c2a4e09b7d-4c3a-8e21-0d5f7a9b3c12"),     /* a hyphen missing */
-    BAD("6f1c2a4-e9b7d-4c3a-8e21-0d5f7a9b3c12"),     /* a hyphen moved */
-    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c1g"),     /* not hex */
-    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c 2"),     /* a space */
+  static const unsigned char wire_want[16] = { 0x8e, 0x21, 0x0d, 0x5f, 0x7a, 0x9b, 0x3c, 0x12,
+                                               0x6f, 0x1c, 0x2a, 0x4e, 0x9b, 0x7d, 0x4c, 0x3a };
+#define BAD(s)                                                                                               \
+  {                                                                                                          \
+    s, sizeof s - 1                                                                                          \
+  }
+  static const struct {
+    const char *s;
+    size_t n;
+  } bad[] = {
+    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c1"),     /* 35 characters */
+    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c123"),   /* 37 characters */
+    BAD("6f1c2a4e09b7d-4c3a-8e21-0d5f7a9b3c12"),    /* a hyphen missing */
+    BAD("6f1c2a4-e9b7d-4c3a-8e21-0d5f7a9b3c12"),    /* a hyphen moved */
+    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c1g"),    /* not hex */
+    BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c 2"),    /* a space */
     BAD("6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c\0002"), /* NUL (\000, then 2) */
   };
 #undef BAD
@@ -527,9 +512,8 @@ handmade_uuid(void)
 
   sbx_ssm_uuid_format(wire_want, id);
   check(strcmp(id, SAMPLE_ID) == 0, "uuid_format un-swaps the wire halves");
-  check(sbx_ssm_uuid_parse("6F1C2A4E-9B7D-4C3A-8E21-0D5F7A9B3C12", 36,
-                           wire) == 0 &&
-        memcmp(wire, wire_want, 16) == 0,
+  check(sbx_ssm_uuid_parse("6F1C2A4E-9B7D-4C3A-8E21-0D5F7A9B3C12", 36, wire) == 0 &&
+          memcmp(wire, wire_want, 16) == 0,
         "uuid_parse swaps the halves and takes upper case");
   for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
     if (sbx_ssm_uuid_parse(bad[i].s, bad[i].n, wire) == 0) {
@@ -554,8 +538,7 @@ encode_refuses(const struct sbx_ssm_msg *e, const char *name)
 static void
 handmade_encode(void)
 {
-  static const char EMPTY_SHA256[] =
-    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+  static const char EMPTY_SHA256[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
   unsigned char f[256], g[256], *p = NULL;
   char err[200], dig[2 * SBX_SSM_DIGEST_SIZE + 1] = "";
   struct sbx_ssm_msg m, e;
@@ -592,15 +575,15 @@ handmade_encode(void)
   e = m;
   memset(e.message_type, 'a', 32);
   e.message_type[32] = '\0';
-  check(sbx_ssm_encode_to(&e, g, sizeof g) == 0 &&
-        sbx_ssm_decode(g, len, &e, err, sizeof err) == 0 &&
-        strlen(e.message_type) == 32, "encode: a 32-byte type fills the field");
+  check(sbx_ssm_encode_to(&e, g, sizeof g) == 0 && sbx_ssm_decode(g, len, &e, err, sizeof err) == 0 &&
+          strlen(e.message_type) == 32,
+        "encode: a 32-byte type fills the field");
   e = m;
   e.header_length = 0;
   check(sbx_ssm_encode_to(&e, g, sizeof g) == 0 && memcmp(g, f, len) == 0,
         "encode: header_length 0 means 116");
-  check(sbx_ssm_encode_to(&m, g, len - 1) == SBX_SSM_EINVAL &&
-        sbx_ssm_encode_to(&m, g, len) == 0, "encode: cap must hold the frame");
+  check(sbx_ssm_encode_to(&m, g, len - 1) == SBX_SSM_EINVAL && sbx_ssm_encode_to(&m, g, len) == 0,
+        "encode: cap must hold the frame");
 
   e = m;
   e.payload = NULL;
@@ -611,13 +594,11 @@ handmade_encode(void)
   check(rc == 0 && plen == 120 && p[119] == 0 && strcmp(dig, EMPTY_SHA256) == 0,
         "encode: empty payload is 120 bytes with SHA-256 of nothing");
   free(p);
-  check(sbx_ssm_encode(NULL, NULL, NULL) == SBX_SSM_EINVAL,
-        "encode: NULL arguments");
+  check(sbx_ssm_encode(NULL, NULL, NULL) == SBX_SSM_EINVAL, "encode: NULL arguments");
 
   check(strstr(sbx_ssm_strerror(SBX_SSM_EDIGEST), "digest") != NULL &&
-        strcmp(sbx_ssm_errname(SBX_SSM_ELENGTH), "length") == 0 &&
-        strcmp(sbx_ssm_strerror(-99), "unknown error") == 0 &&
-        strcmp(sbx_ssm_errname(0), "unknown") == 0,
+          strcmp(sbx_ssm_errname(SBX_SSM_ELENGTH), "length") == 0 &&
+          strcmp(sbx_ssm_strerror(-99), "unknown error") == 0 && strcmp(sbx_ssm_errname(0), "unknown") == 0,
         "strerror and errname");
 }
 
@@ -649,33 +630,32 @@ static const char *const LUA_CASES[][2] = {
   { "lua: decode of garbage returns nil, err, 'ssm'",
     "local a, b, c = ssm.decode('short')\n"
     "return a == nil and b:find('shorter') ~= nil and c == 'ssm', b" },
-  { "lua: misuse raises",
-    "local id = '6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c12'\n"
-    "local bad = {  -- changes to a valid table; false removes the field\n"
-    "  {message_type = false}, {message_id = false}, {payload = false},\n"
-    "  {message_type = ''}, {message_type = string.rep('a', 33)},\n"
-    "  {message_type = ' ack'}, {message_type = 'a\\0b'},\n"
-    "  {message_type = 1}, {message_id = 'xyz'},\n"
-    "  {message_id = '00000000-0000-0000-0000-000000000000'},\n"
-    "  {message_id = id .. ' '}, {payload = 5}, {created_date = 0},\n"
-    "  {payload_type = -1}, {payload_type = 1 << 32},\n"
-    "  {schema_version = '1'}, {sequence_number = 1.5}, {flags = 'x'},\n"
-    "  {created_date = 0.5},\n"
-    "}\n"
-    "for i, over in ipairs(bad) do\n"
-    "  local r = {message_type = 'acknowledge', message_id = id,\n"
-    "             payload = ''}\n"
-    "  for k, v in pairs(over) do r[k] = v or nil end\n"
-    "  local ok, e = pcall(ssm.encode, r)\n"
-    "  if ok or not e:find('ssm.encode') then\n"
-    "    return false, 'case ' .. i .. ': ' .. tostring(e)\n"
-    "  end\n"
-    "end\n"
-    "if pcall(ssm.encode, 'x') or pcall(ssm.encode) or pcall(ssm.decode) or\n"
-    "  pcall(ssm.decode, {}) then\n"
-    "  return false, 'a non-table or non-string was accepted'\n"
-    "end\n"
-    "return true" },
+  { "lua: misuse raises", "local id = '6f1c2a4e-9b7d-4c3a-8e21-0d5f7a9b3c12'\n"
+                          "local bad = {  -- changes to a valid table; false removes the field\n"
+                          "  {message_type = false}, {message_id = false}, {payload = false},\n"
+                          "  {message_type = ''}, {message_type = string.rep('a', 33)},\n"
+                          "  {message_type = ' ack'}, {message_type = 'a\\0b'},\n"
+                          "  {message_type = 1}, {message_id = 'xyz'},\n"
+                          "  {message_id = '00000000-0000-0000-0000-000000000000'},\n"
+                          "  {message_id = id .. ' '}, {payload = 5}, {created_date = 0},\n"
+                          "  {payload_type = -1}, {payload_type = 1 << 32},\n"
+                          "  {schema_version = '1'}, {sequence_number = 1.5}, {flags = 'x'},\n"
+                          "  {created_date = 0.5},\n"
+                          "}\n"
+                          "for i, over in ipairs(bad) do\n"
+                          "  local r = {message_type = 'acknowledge', message_id = id,\n"
+                          "             payload = ''}\n"
+                          "  for k, v in pairs(over) do r[k] = v or nil end\n"
+                          "  local ok, e = pcall(ssm.encode, r)\n"
+                          "  if ok or not e:find('ssm.encode') then\n"
+                          "    return false, 'case ' .. i .. ': ' .. tostring(e)\n"
+                          "  end\n"
+                          "end\n"
+                          "if pcall(ssm.encode, 'x') or pcall(ssm.encode) or pcall(ssm.decode) or\n"
+                          "  pcall(ssm.decode, {}) then\n"
+                          "  return false, 'a non-table or non-string was accepted'\n"
+                          "end\n"
+                          "return true" },
 };
 
 static void
@@ -684,8 +664,7 @@ handmade_lua(lua_State *L)
   size_t i;
   for (i = 0; i < sizeof LUA_CASES / sizeof LUA_CASES[0]; i++) {
     int top = lua_gettop(L);
-    if (luaL_loadstring(L, LUA_CASES[i][1]) != LUA_OK ||
-        lua_pcall(L, 0, 2, 0) != LUA_OK)
+    if (luaL_loadstring(L, LUA_CASES[i][1]) != LUA_OK || lua_pcall(L, 0, 2, 0) != LUA_OK)
       note("error: %s", lua_tostring(L, -1));
     else if (!lua_toboolean(L, -2))
       note("returned false: %s", luaL_tolstring(L, -1, NULL));

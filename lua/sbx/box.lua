@@ -445,7 +445,8 @@ local function budget_watch(ref)
       self.budget_task = nil
       return
     end
-    self = nil
+    -- the box may be collected while this task sleeps (a weak ref holds it)
+    self = nil -- luacheck: ignore 311
     core.sleep(pol.budget_poll)
   end
 end

@@ -60,13 +60,13 @@ function M.request(opts)
     attempt = attempt + 1
     local r, err, code = http.request(opts)
     local last = attempt > retries
-    local retry, why = false, nil
+    local retry = false
     if r then
       if type(r) == "table" and r.status and statuses[r.status] then
-        retry, why = true, r.status
+        retry = true
       end
     elseif codes[code] then
-      retry, why = true, code
+      retry = true
     end
     if not retry or last then
       if type(r) == "table" then

@@ -28,7 +28,8 @@ follow(int pid)
         r.rdi = 0;
         ptrace(PTRACE_SETREGS, pid, 0, &r);
       }
-    } else if (WIFSTOPPED(st) && WSTOPSIG(st) != SIGTRAP && (st >> 16) == 0) {
+    }
+    else if (WIFSTOPPED(st) && WSTOPSIG(st) != SIGTRAP && (st >> 16) == 0) {
       sig = WSTOPSIG(st);
     }
     ptrace(PTRACE_SYSCALL, pid, 0, sig);

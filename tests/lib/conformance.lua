@@ -112,6 +112,7 @@ function M.run(tap, label, box, caps)
   r = assert(box:exec({ "printf", "%s", ctl }))
   tap.ok(r.stdout == ctl, t("an argv with every ASCII byte but NUL, exactly"))
   local high = every:sub(2)
+  local err, code
   r, err, code = box:exec({ "printf", "%s", high })
   if caps.binary_argv == false then
     tap.is(code, "unsupported", t("an argv that is not UTF-8: unsupported on this transport (" .. tostring(err) .. ")"))

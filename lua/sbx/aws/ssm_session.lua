@@ -268,7 +268,7 @@ function Session:read_loop()
       -- (room(1) waits up to a second for it, so a session that ended
       -- meanwhile is noticed)
       while self.room and not self.result and not self.room(1) do end
-      local data, kind, code = self.ws:recv()
+      local data, kind = self.ws:recv()
       if not data then
         if not self.result then
           self:finish("disconnected", "disconnected",

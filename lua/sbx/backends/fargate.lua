@@ -700,7 +700,7 @@ local function marker_filter(id, secret, emit, on_ready, on_stdin)
         on_stdin()
       end
     end
-    local i, j, code = buf:find(exit_pat)
+    local i, _, code = buf:find(exit_pat)
     if not echo_cut then
       -- The echo comes before the command's output (the wrapper reads the
       -- line first), but a process writing to this PTY could put bytes in
@@ -712,7 +712,7 @@ local function marker_filter(id, secret, emit, on_ready, on_stdin)
         if len then
           buf = buf:sub(1, ei - 1) .. buf:sub(ej + len + 1)
           echo_cut = true
-          i, j, code = buf:find(exit_pat)
+          i, _, code = buf:find(exit_pat)
         end
       end
     end

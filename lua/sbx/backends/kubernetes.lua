@@ -78,7 +78,6 @@ end
 -- NetworkPolicy. Not there: a pids limit (the kubelet's podPidsLimit is
 -- node configuration), ulimits, an init process.
 
-local MiB = 1024 * 1024
 
 local function quantity_bytes(n) return string.format("%d", math.floor(n)) end
 local function quantity_cpu(n) return string.format("%dm", math.max(1, math.floor(n * 1000 + 0.5))) end

@@ -169,7 +169,7 @@ function Client:_send(o)
       redirects = redirects + 1
       attempt = attempt - 1
     else
-      local retry = false
+      local retry
       if r then
         retry = pol.retry_statuses[r.status] == true
       else

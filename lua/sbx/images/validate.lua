@@ -13,7 +13,6 @@ local json = core.json
 local M = {}
 
 local ARRAY = getmetatable(json.array {})
-local OBJECT = getmetatable(json.object {})
 
 local function is_null(v) return v == nil or v == json.null end
 

@@ -71,7 +71,7 @@ function M.filter(id, emit)
     if state == "failed" then return end
     buf = buf .. bytes
     local i, j = buf:find(ok_marker, 1, true)
-    local fi, fj, stage, reason = buf:find(fail_pat)
+    local fi, _, stage, reason = buf:find(fail_pat)
     if fi and (not i or fi < i) then
       out(buf:sub(1, fi - 1))
       state, buf = "failed", ""
