@@ -986,24 +986,19 @@ local function run_agent(h, opts, args)
   -- bytes (busybox head reads ahead through stdio and would eat the key).
   go:wait(math.max(0.001, opts.deadline - core.now()))
   if not placed then return fail("the agent's loader did not finish: " .. said:sub(-200)) end
-  local ch = {}
-  function ch.write(_, bytes)
-    if sink:info().eof then return nil, "the session ended" end
-    queue[#queue + 1] = bytes
-    queued = queued + #bytes
-    wake:set()
-    return queued
-  end
-  function ch.wait(_, timeout) return sink:wait(timeout) end
-  function ch.take(_, raw) return sink:take(raw) end
-  function ch.info() return sink:info() end
-  function ch.captured(_, name) return sink:captured(name) end
-  function ch.close()
-    s:close()
-    if not sink:info().eof then sink:finish() end
-    wake:set()
-  end
-  return ch
+  return require("sbx.channel").over_sink(sink, {
+    ended = "the session ended",
+    write = function(bytes)
+      queue[#queue + 1] = bytes
+      queued = queued + #bytes
+      wake:set()
+      return queued
+    end,
+    close = function()
+      s:close()
+      wake:set()       -- the sender sees the end and goes
+    end,
+  })
 end
 
 -- agent_channel(handle, { key, deadline, pol }) -> channel, true, extra |

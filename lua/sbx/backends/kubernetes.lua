@@ -930,23 +930,18 @@ local function run_agent(h, opts, args)
   -- bytes (busybox head reads ahead through stdio and would eat the key).
   go:wait(math.max(0.001, opts.deadline - core.now()))
   if not placed then return fail("the agent's loader did not finish: " .. said:sub(1, 200) .. (sink:captured("stderr") or "")) end
-  local ch = {}
-  function ch.write(_, bytes)
-    if sink:info().eof then return nil, "the exec stream ended" end
-    local ok, werr = ex:send_stdin(bytes)
-    if not ok then return nil, werr end
-    return ex:buffered()
-  end
-  function ch.wait(_, timeout) return sink:wait(timeout) end
-  function ch.take(_, raw) return sink:take(raw) end
-  function ch.info() return sink:info() end
-  function ch.captured(_, name) return sink:captured(name) end
-  function ch.close()
-    ex:close()
-    h.streams[ex] = nil
-    if not sink:info().eof then sink:finish() end
-  end
-  return ch
+  return require("sbx.channel").over_sink(sink, {
+    ended = "the exec stream ended",
+    write = function(bytes)
+      local ok, werr = ex:send_stdin(bytes)
+      if not ok then return nil, werr end
+      return ex:buffered()
+    end,
+    close = function()
+      ex:close()
+      h.streams[ex] = nil
+    end,
+  })
 end
 
 -- agent_channel(handle, { key, deadline, pol }) -> channel, mac, extra | nil,
