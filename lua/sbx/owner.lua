@@ -72,4 +72,28 @@ function M.reap_reason(labels, opts, now)
     labels["sbx.deadline"], now)
 end
 
+-- reap_each(items, opts, how) -> { removed = { { id, name, reason } },
+-- kept = n }: the one reap loop of every backend. how.reason(item) ->
+-- why it goes (owner gone, deadline passed, ended) | nil; how.name(item)
+-- -> id, name; how.remove(item) removes it (each in a task of its own, all
+-- joined before this returns; one after the other with how.serial; none
+-- with opts.dry_run).
+function M.reap_each(items, opts, how)
+  local report, tasks = { removed = {}, kept = 0 }, {}
+  for _, item in ipairs(items) do
+    local reason = how.reason(item)
+    if reason then
+      local id, name = how.name(item)
+      report.removed[#report.removed + 1] = { id = id, name = name or id, reason = reason }
+      if opts.dry_run then -- reported, not removed
+      elseif how.serial then how.remove(item)
+      else tasks[#tasks + 1] = require("sbx.core").spawn(how.remove, item) end
+    else
+      report.kept = report.kept + 1
+    end
+  end
+  for _, t in ipairs(tasks) do t:join() end
+  return report
+end
+
 return M

@@ -1139,24 +1139,14 @@ function M.reap(opts)
   local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters), nil, { deadline = opts.deadline })
   if not st then return nil, list, lcode end
   local now = os.time()
-  local report = { removed = {}, kept = 0 }
-  local tasks = {}
-  for _, c in ipairs(list) do
-    local l = c.Labels or {}
-    local dead = owner.reap_reason(l, opts, now)
-    if dead then
-      local name = (c.Names and c.Names[1] or c.Id):gsub("^/", "")
-      report.removed[#report.removed + 1] = { id = c.Id, name = name, reason = dead }
-      if not opts.dry_run then
-        tasks[#tasks + 1] = core.spawn(call, d, "DELETE", "/containers/" .. c.Id .. "?force=true&v=true", nil,
-          { ok = { [404] = true, [409] = true }, deadline = opts.deadline })
-      end
-    else
-      report.kept = report.kept + 1
-    end
-  end
-  for _, t in ipairs(tasks) do t:join() end
-  return report
+  return owner.reap_each(list, opts, {
+    reason = function(c) return owner.reap_reason(c.Labels or {}, opts, now) end,
+    name = function(c) return c.Id, ((c.Names and c.Names[1] or c.Id):gsub("^/", "")) end,
+    remove = function(c)
+      call(d, "DELETE", "/containers/" .. c.Id .. "?force=true&v=true", nil,
+        { ok = { [404] = true, [409] = true }, deadline = opts.deadline })
+    end,
+  })
 end
 
 return M

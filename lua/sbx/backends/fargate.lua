@@ -1076,26 +1076,23 @@ function M.reap(opts)
     for _, a in ipairs(out.taskArns or {}) do arns[#arns + 1] = a end
     token = out.nextToken
   until not token
-  local report, tasks = { removed = {}, kept = 0 }, {}
-  local now = os.time()
+  local all = {}
   for i = 1, #arns, 100 do
     local batch = table.move(arns, i, math.min(i + 99, #arns), 1, {})
     local out, derr, dcode = c.ecs:call("DescribeTasks", { cluster = f.cluster, tasks = json.array(batch), include = json.array { "TAGS" } })
     if not out then return nil, derr, dcode end
-    for _, t in ipairs(out.tasks or {}) do
+    for _, t in ipairs(out.tasks or {}) do all[#all + 1] = t end
+  end
+  local now = os.time()
+  return owner.reap_each(all, opts, {
+    reason = function(t)
       local tg = {}
       for _, kv in ipairs(t.tags or {}) do tg[kv.key] = kv.value end
-      local dead = tg["sbx"] == "1" and owner.reap_reason(tg, opts, now)
-      if dead then
-        report.removed[#report.removed + 1] = { id = t.taskArn, name = task_id(t.taskArn), reason = dead }
-        if not opts.dry_run then tasks[#tasks + 1] = core.spawn(stop_task, c, f, t.taskArn) end
-      else
-        report.kept = report.kept + 1
-      end
-    end
-  end
-  for _, t in ipairs(tasks) do t:join() end
-  return report
+      return tg["sbx"] == "1" and owner.reap_reason(tg, opts, now) or nil
+    end,
+    name = function(t) return t.taskArn, task_id(t.taskArn) end,
+    remove = function(t) stop_task(c, f, t.taskArn) end,
+  })
 end
 
 return M

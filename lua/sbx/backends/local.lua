@@ -1422,37 +1422,36 @@ function M.reap(opts, pol)
   pol = pol or sbx_config.policy
   local root, err, code = state_root(pol)
   if not root then return nil, err, code end
-  local names = S.list(root .. "/boxes") or {}
-  local report = { removed = {}, kept = 0 }
   local me = owner.identity()
   local now = os.time()
-  for _, id in ipairs(names) do
-    local dir = root .. "/boxes/" .. id
-    local r = read_record(dir)
-    local reason
-    if not r then
-      local st = S.stat(dir)
-      if st and now - st.mtime > lpol(pol).stale_after then reason = "no owner record" end
-    elseif not (r["owner.pid"] == me.pid and r["owner.start"] == me.start) or opts.all then
-      reason = owner.reap_reason({ ["sbx.owner.host"] = r["owner.host"], ["sbx.owner.pid"] = r["owner.pid"],
-        ["sbx.owner.start"] = r["owner.start"], ["sbx.deadline"] = r.deadline }, opts, now)
-    end
-    if reason then
-      report.removed[#report.removed + 1] = { id = id, name = id, reason = reason }
-      if not opts.dry_run then
-        local pid = r and math.tointeger(tonumber(r.pid or ""))
-        if pid and pid > 1 and r["pid.start"] ~= "" and owner.proc_start(pid) == r["pid.start"] then
-          pcall(core.proc.signal, pid, "KILL")
-        end
-        if r and #r.cgroups > 0 then remove_cgroups(r.cgroups, core.now() + lpol(pol).destroy_wait) end
-        local progs = r and r.disk and ensure_programs(root)
-        if progs then remove_disk(r.disk, progs, pol, core.now() + lpol(pol).destroy_wait) end
-        remove_dir(dir)
+  local records = {}         -- id -> the box's record, read once
+  local report = owner.reap_each(S.list(root .. "/boxes") or {}, opts, {
+    reason = function(id)
+      local dir = root .. "/boxes/" .. id
+      local r = read_record(dir)
+      records[id] = r
+      if not r then
+        local st = S.stat(dir)
+        if st and now - st.mtime > lpol(pol).stale_after then return "no owner record" end
+      elseif not (r["owner.pid"] == me.pid and r["owner.start"] == me.start) or opts.all then
+        return owner.reap_reason({ ["sbx.owner.host"] = r["owner.host"], ["sbx.owner.pid"] = r["owner.pid"],
+          ["sbx.owner.start"] = r["owner.start"], ["sbx.deadline"] = r.deadline }, opts, now) or nil
       end
-    else
-      report.kept = report.kept + 1
-    end
-  end
+    end,
+    name = function(id) return id, id end,
+    serial = true,           -- the state directory's programs are written once, by one remover
+    remove = function(id)
+      local r = records[id]
+      local pid = r and math.tointeger(tonumber(r.pid or ""))
+      if pid and pid > 1 and r["pid.start"] ~= "" and owner.proc_start(pid) == r["pid.start"] then
+        pcall(core.proc.signal, pid, "KILL")
+      end
+      if r and #r.cgroups > 0 then remove_cgroups(r.cgroups, core.now() + lpol(pol).destroy_wait) end
+      local progs = r and r.disk and ensure_programs(root)
+      if progs then remove_disk(r.disk, progs, pol, core.now() + lpol(pol).destroy_wait) end
+      remove_dir(root .. "/boxes/" .. id)
+    end,
+  })
   -- Disk layers whose box has no record any more (a reaper that knew no
   -- disk layers removed it), once stale.
   local droot = disk_root_path(pol)
