@@ -116,7 +116,7 @@ local listed = problems(edited("\n  init.c, init.h ", "\n  init.c, init.h, gone.
 tap.ok(has(listed, "names src/gone.h, which does not exist"), "a second name on an entry is checked too")
 local unlinked = problems(edited("(docs/architecture.md)", "(docs/elsewhere.md)"))
 tap.ok(has(unlinked, "no link to docs/architecture.md"), "the link to the architecture document is required")
-local nodoc = problems(edited("kubernetes.md, grading.md,", "kubernetes.md, grading-whatever.md,"))
+local nodoc = problems(edited("kubernetes.md; grading.md,", "kubernetes.md; grading-whatever.md,"))
 tap.ok(has(nodoc, "docs/grading.md is not named"), "a document left out is caught")
 tap.ok(#problems("# sbx\n") == 1, "a README without the section fails")
 tap.done()

@@ -8,7 +8,7 @@
 --
 -- Every function may yield (it runs in a coroutine on the loop). Contract
 -- errors raise; environmental failures return nil, message, code (codes:
--- README, "Error codes"). A deadline is a core.now() time; a function
+-- README, "The contract"). A deadline is a core.now() time; a function
 -- given none uses its policy's timeout.
 --
 -- Every backend has the lifecycle half. A box runs its commands in one of
