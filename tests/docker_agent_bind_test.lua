@@ -20,13 +20,7 @@ local base = os.tmpname()
 os.remove(base)
 assert(S.mkdir(base, tonumber("755", 8)))
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local b = f:read("a")
-  f:close()
-  return b
-end
+local read = H.slurp
 -- Whether the box holds an agent that is not a mountpoint (an upload).
 local function uploaded(box)
   local r = box:exec("for p in /.sbx-agent-*; do [ -e \"$p\" ] && ! grep -q \" $p \" /proc/mounts && echo \"$p\"; done; true")

@@ -18,9 +18,7 @@ os.remove(dir)
 assert(os.execute("mkdir -m 700 -p " .. q(dir)))
 local function write(name, text)
   local path = dir .. "/" .. name
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
+  H.write(path, text)
   return path
 end
 local function slurp(path)

@@ -18,13 +18,7 @@ local function write(path, text)
   f:close()
 end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = H.slurp
 
 local function lines_of(path)
   local out = {}

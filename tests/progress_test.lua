@@ -17,9 +17,7 @@ local dir = IH.tmpdir("progress")
 local n = 0
 local function write(name, text)
   local path = dir .. "/" .. name
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
+  H.write(path, text)
   return path
 end
 local script = write("resolve.lua", [[local sbx = require "sbx"
