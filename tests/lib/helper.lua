@@ -181,6 +181,39 @@ local function arg_value(args, flag)
   end
 end
 
+-- H.start_watched(name, argv, files, url_pattern) -> pid, url | nil,
+-- message: runs argv (words already quoted for sh) in the background, its
+-- stdout in files.out and stderr in files.err, its pid written to
+-- files.pid and, once it ended, its status to files.rc. A watcher sends it
+-- SIGTERM as soon as this test process is gone, however it ends, so nothing
+-- it made outlives the test. Waits up to 60 s for url_pattern (one capture)
+-- at the start of its stdout.
+function H.start_watched(name, argv, files, url_pattern)
+  local watcher = string.format([[
+%s >%s 2>%s & s=$!
+echo $s >%s
+( while kill -0 %d 2>/dev/null; do sleep 0.5; done; kill -TERM $s 2>/dev/null ) & w=$!
+wait $s; echo $? >%s.tmp; mv %s.tmp %s
+kill $w 2>/dev/null]],
+    table.concat(argv, " "), shell_quote(files.out), shell_quote(files.err), shell_quote(files.pid),
+    sbx.core.pid(), shell_quote(files.rc), shell_quote(files.rc), shell_quote(files.rc))
+  os.execute("sh -c " .. shell_quote(watcher) .. " >/dev/null 2>&1 </dev/null &")
+  local pid, url
+  local deadline = sbx.now() + 60
+  while sbx.now() < deadline do
+    pid = pid or tonumber((slurp(files.pid) or ""):match("%d+"))
+    url = (slurp(files.out) or ""):match(url_pattern)
+    if pid and url then return pid, url end
+    local rc = slurp(files.rc)
+    if rc and rc:match("%d") then
+      return nil, name .. " exited (" .. rc:match("%d+") .. ") before it was ready: " .. (slurp(files.err) or "")
+    end
+    sbx.sleep(0.05)
+  end
+  if pid then os.execute("kill -TERM " .. pid .. " 2>/dev/null") end
+  return nil, name .. " printed no URL within 60 s: " .. (slurp(files.err) or "")
+end
+
 --[[
 H.standin([args]) -> standin | nil, message
   Starts scripts/aws-standin --port 0 <args> (a list of strings) in the
@@ -198,37 +231,10 @@ function H.standin(args)
   local files = { out = base .. ".out", err = base .. ".err", pid = base .. ".pid", rc = base .. ".rc", base = base }
   local argv = { shell_quote(script), "--port", "0" }
   for _, a in ipairs(args) do argv[#argv + 1] = shell_quote(a) end
-  -- The watcher: reaps the stand-in (so "gone" is observable through the rc
-  -- file) and sends SIGTERM once the test process no longer exists.
-  local watcher = string.format([[
-%s >%s 2>%s & s=$!
-echo $s >%s
-( while kill -0 %d 2>/dev/null; do sleep 0.5; done; kill -TERM $s 2>/dev/null ) & w=$!
-wait $s; echo $? >%s.tmp; mv %s.tmp %s
-kill $w 2>/dev/null]],
-    table.concat(argv, " "), shell_quote(files.out), shell_quote(files.err), shell_quote(files.pid),
-    sbx.core.pid(), shell_quote(files.rc), shell_quote(files.rc), shell_quote(files.rc))
-  os.execute("sh -c " .. shell_quote(watcher) .. " >/dev/null 2>&1 </dev/null &")
-  local function cleanup()
+  local pid, url = H.start_watched("aws-standin", argv, files, "^(http://[^\n]+)\n")
+  if not pid then
     for _, f in pairs(files) do os.remove(f) end
-  end
-  local pid, url
-  local deadline = sbx.now() + 60
-  while sbx.now() < deadline do
-    pid = pid or tonumber((slurp(files.pid) or ""):match("%d+"))
-    url = (slurp(files.out) or ""):match("^(http://[^\n]+)\n")
-    if pid and url then break end
-    local rc = slurp(files.rc)
-    if rc and rc:match("%d") then
-      local err = slurp(files.err) or ""
-      cleanup()
-      return nil, "aws-standin exited (" .. rc:match("%d+") .. ") before it was ready: " .. err
-    end
-    sbx.sleep(0.05)
-  end
-  if not url then
-    if pid then os.execute("kill -TERM " .. pid .. " 2>/dev/null") end
-    return nil, "aws-standin printed no URL within 60 s: " .. (slurp(files.err) or "")
+    return nil, url
   end
   return setmetatable({
     url = url,

@@ -66,31 +66,8 @@ function K.standin(args)
   local argv = { shq(os.getenv("SBX_K8S_STANDIN") or "scripts/k8s-standin"), "--port", "0",
     "--dir", shq(base .. "/certs"), "--kubeconfig", shq(files.kubeconfig) }
   for _, a in ipairs(args) do argv[#argv + 1] = shq(a) end
-  local watcher = string.format([[
-%s >%s 2>%s & s=$!
-echo $s >%s
-( while kill -0 %d 2>/dev/null; do sleep 0.5; done; kill -TERM $s 2>/dev/null ) & w=$!
-wait $s; echo $? >%s.tmp; mv %s.tmp %s
-kill $w 2>/dev/null]],
-    table.concat(argv, " "), shq(files.out), shq(files.err), shq(files.pid), sbx.core.pid(),
-    shq(files.rc), shq(files.rc), shq(files.rc))
-  os.execute("sh -c " .. shq(watcher) .. " >/dev/null 2>&1 </dev/null &")
-  local pid, url
-  local deadline = sbx.now() + 60
-  while sbx.now() < deadline do
-    pid = pid or tonumber((slurp(files.pid) or ""):match("%d+"))
-    url = (slurp(files.out) or ""):match("^(https://[^\n]+)\n")
-    if pid and url then break end
-    local rc = slurp(files.rc)
-    if rc and rc:match("%d") then
-      return nil, "k8s-standin exited (" .. rc:match("%d+") .. ") before it was ready: " .. (slurp(files.err) or "")
-    end
-    sbx.sleep(0.05)
-  end
-  if not url then
-    if pid then os.execute("kill -TERM " .. pid .. " 2>/dev/null") end
-    return nil, "k8s-standin printed no URL within 60 s: " .. (slurp(files.err) or "")
-  end
+  local pid, url = require("helper").start_watched("k8s-standin", argv, files, "^(https://[^\n]+)\n")
+  if not pid then return nil, url end
   return setmetatable({ url = url, port = tonumber(url:match(":(%d+)$")), pid = pid, base = base,
     kubeconfig = files.kubeconfig, dir = base .. "/certs", files = files }, Standin)
 end
