@@ -77,6 +77,12 @@ function L.relay(tap, role, file, image, extra)
     "LUA_PATH=" .. (os.getenv("LUA_PATH") or ""), "HOME=/home/" .. user,
     "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
   }
+  -- The build under test (make check's is build-asan/, not build/) and how
+  -- its sanitizers report.
+  for _, name in ipairs { "SBX_BIN", "ASAN_OPTIONS", "UBSAN_OPTIONS", "SBX_SANITIZED" } do
+    local v = os.getenv(name)
+    if v then env[#env + 1] = name .. "=" .. v end
+  end
   for _, e in ipairs(extra or {}) do env[#env + 1] = e end
   local cmd = string.format("cd %s && runuser -u %s -- env -i %s %s run %s 2>&1; echo \"__exit $?\"",
     q(os.getenv("PWD") or "."), user, table.concat((function()
