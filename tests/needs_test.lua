@@ -54,8 +54,11 @@ tap.ok(#malformed == 0, "every need is a word (or python3:MODULE)", table.concat
 local dir = os.tmpname()
 os.remove(dir)
 assert(os.execute("mkdir -p " .. q(dir .. "/tests/data") .. " " .. q(dir .. "/tests/lib")))
+-- build/ in the copy is the build under test (make check's is build-asan/)
+local bin = os.getenv("SBX_BIN") or "build/sbx"
+if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
 assert(os.execute(string.format("cp tests/run.sh %s/tests/ && cp tests/lib/tap.lua %s/tests/lib/ && ln -s %s %s/build",
-  q(dir), q(dir), q(os.getenv("PWD") .. "/build"), q(dir))))
+  q(dir), q(dir), q(bin:match("^(.*)/[^/]+$")), q(dir))))
 local function write(name, text)
   local f = assert(io.open(dir .. "/tests/" .. name, "w"))
   f:write(text)
