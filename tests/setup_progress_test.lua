@@ -4,7 +4,8 @@
 -- npm, an export) runs under `busy`, which says every
 -- $SBX_SETUP_HEARTBEAT seconds that it is still at it, for how long, and
 -- the command's own last line. The function is taken from each script and
--- run on its own (setup itself needs root and minutes).
+-- run on its own (setup itself needs root and minutes). Both scripts take
+-- log and busy from scripts/lib/steps.sh, their one home.
 local tap = require "tap"
 local H = require "helper"
 
@@ -12,7 +13,15 @@ local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local out_file = os.tmpname()
 
 for _, script in ipairs { "scripts/setup.sh", "scripts/build-images.sh" } do
-  -- log and busy exactly as the script defines them.
+  local f = assert(io.open(script))
+  local text = f:read("a")
+  f:close()
+  tap.ok(text:find('/lib/steps.sh" || exit 1\n', 1, true) and not text:find("\nbusy%(%) {"),
+    script .. ": sources scripts/lib/steps.sh and defines no busy of its own")
+end
+
+for _, script in ipairs { "scripts/lib/steps.sh" } do
+  -- log and busy exactly as the file defines them.
   local defs = string.format([[eval "$(sed -n '/^log() /p; /^busy() {/,/^}/p' %s)"]], script)
   local function run(body, every)
     return H.sh(string.format("SBX_SETUP_HEARTBEAT=%d bash -c %s", every or 1, q("set -euo pipefail; " .. defs .. "; " .. body)))
