@@ -108,14 +108,8 @@ local function shell_quote(s)
 end
 H.q = shell_quote
 
--- H.slurp(path) -> the file's bytes | nil when it cannot be read.
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+-- H.slurp(path) -> the file's bytes | nil when it cannot be read (sbx.fs.read).
+local slurp = require("sbx.fs").read
 H.slurp = slurp
 
 -- H.write(path, text): the file holds text (raises when it cannot).
@@ -157,15 +151,22 @@ end
 -- removes its containers then), and waits until the process is gone.
 -- Idempotent.
 function Standin:stop(timeout)
-  if self.status ~= nil then return self.status end
-  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+  return H.stop_watched(self, timeout, function() for _, f in pairs(self.files) do os.remove(f) end end)
+end
+
+-- H.stop_watched(s, timeout, cleanup) -> exit status | nil, "timeout": the
+-- stop of a process H.start_watched started (s.pid, s.files.rc): SIGTERM,
+-- then wait for its status; cleanup() once it is gone. Idempotent.
+function H.stop_watched(s, timeout, cleanup)
+  if s.status ~= nil then return s.status end
+  os.execute("kill -TERM " .. s.pid .. " 2>/dev/null")
   local deadline = sbx.now() + (timeout or 30)
   while sbx.now() < deadline do
-    local rc = slurp(self.files.rc)
+    local rc = slurp(s.files.rc)
     if rc and rc:match("%d") then
-      self.status = tonumber(rc:match("%d+"))
-      for _, f in pairs(self.files) do os.remove(f) end
-      return self.status
+      s.status = tonumber(rc:match("%d+"))
+      cleanup()
+      return s.status
     end
     sbx.sleep(0.05)
   end

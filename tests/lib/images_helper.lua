@@ -114,13 +114,7 @@ function IH.image_id(name)
   return (out:gsub("%s+$", ""))
 end
 
-function IH.read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+IH.read = require("sbx.fs").read   -- a file's bytes | nil
 
 function IH.median(list)
   local c = { table.unpack(list) }

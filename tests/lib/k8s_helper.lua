@@ -34,19 +34,7 @@ function Standin:log() return slurp(self.files.err) or "" end
 
 -- s:stop() -> exit status: SIGTERM, then wait for the process to be gone.
 function Standin:stop(timeout)
-  if self.status ~= nil then return self.status end
-  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
-  local deadline = sbx.now() + (timeout or 30)
-  while sbx.now() < deadline do
-    local rc = slurp(self.files.rc)
-    if rc and rc:match("%d") then
-      self.status = tonumber(rc:match("%d+"))
-      os.execute("rm -rf " .. shq(self.base))
-      return self.status
-    end
-    sbx.sleep(0.05)
-  end
-  return nil, "timeout"
+  return require("helper").stop_watched(self, timeout, function() os.execute("rm -rf " .. shq(self.base)) end)
 end
 
 --[[
