@@ -18,7 +18,18 @@ local daemon = select(2, H.sh("timeout 20 docker version --format '{{.Server.Ver
 -- Is id a container of the daemon's?
 local function container(id) return select(2, H.sh("docker inspect --format '{{.Id}}' " .. id)) == 0 end
 
-if not full or not have then
+-- DOCKER_HOST names a daemon (make test-podman sets it): asking for a
+-- daemon is asking for Docker, and auto says so.
+local env = os.getenv("DOCKER_HOST")
+local named = env ~= nil and env ~= ""
+
+if named then
+  local box = assert(sbx.box { image = H.image })
+  tap.is(box.backend, "docker", "DOCKER_HOST names a daemon (" .. env .. "): auto picks Docker")
+  tap.ok(container(box.id), "and the box is a container of that daemon's")
+  tap.is(box:exec("echo hi").stdout, "hi\n", "the box works")
+  box:close()
+elseif not full or not have then
   tap.skip("auto picks the local backend", not full and ("the local backend cannot isolate fully here: " ..
     tostring(why)) or (H.image .. " is not in sbx's image cache or archives"))
 else
@@ -56,12 +67,13 @@ end
 -- The rest of the rule, without making boxes.
 do
   local absent = "sbx-test-absent-" .. sbx.core.pid() .. ":1"
-  local want = daemon and "docker" or "local"
+  local want = (daemon or named) and "docker" or "local"
   tap.is(B.backend_name("auto", { image = absent }), want,
     "an image the local backend lacks (" .. absent .. "): " .. want)
   tap.is(B.backend_name("auto", { image = H.image, docker_host = "unix:///var/run/docker.sock" }), "docker",
     "a named daemon means Docker")
   tap.is(B.backend_name("auto", { image = "rootfs:/" }), "local", "a rootfs image means local")
+  tap.is(B.backend_name("auto", { layers = { "/" } }), "local", "layers mean local")
   if full and have then
     tap.is(B.backend_name("auto", { image = H.image, network = "bridge" }), want,
       "network = \"bridge\", which the local backend cannot give: " .. want)

@@ -37,7 +37,8 @@ local transports = require "sbx.transports"
 local session_shell = require "sbx.session_shell"
 local run_hook   -- below: a policy hook under its deadline
 
--- "auto" (the default backend): docker when a daemon is named (the
+-- "auto" (the default backend): local for what only it can run (image
+-- "host", a "rootfs:" image, layers); docker when a daemon is named (the
 -- docker_host option or policy, DOCKER_HOST: asking for a daemon is asking
 -- for docker, and a dead one is an error, not a silent change of backend).
 -- Else the local backend where it isolates fully here (user namespaces, a
@@ -53,11 +54,12 @@ local daemon_answers
 function M.backend_name(name, opts, pol)
   if name ~= "auto" then return name end
   pol = pol or config.policy
-  local env = os.getenv("DOCKER_HOST")
-  if (opts and opts.docker_host) or pol.box.docker_host or (env and env ~= "") then return "docker" end
+  -- What only the local backend can run comes first: no daemon takes it.
   local image = opts and opts.image or pol.box.image
   if type(image) == "string" and (image == "host" or image:match("^rootfs:")) then return "local" end
   if opts and opts.layers then return "local" end
+  local env = os.getenv("DOCKER_HOST")
+  if (opts and opts.docker_host) or pol.box.docker_host or (env and env ~= "") then return "docker" end
   if pol["local"].auto and type(image) == "string" then
     local lb = require "sbx.backends.local"
     if lb.full(pol) and require("sbx.images").available(image, { policy = pol }) then
