@@ -8,8 +8,15 @@
 **   core.agent.encode(type, id, payload [, key, seq]) -> frame bytes
 **   core.agent.decoder([key]) -> d
 **     d:feed(bytes)         buffers (at most one frame beyond what next took)
-**     d:next() -> type, id, payload | nil (need more) | false, code, message;
-**       for an OUT frame: type, id, the output bytes, the stream (1 or 2)
+**     d:feed_from(stream) -> n: as d:feed(stream:take(true)) without the
+**       Lua string (the channel's queued bytes are handed over, most often
+**       without a copy)
+**     d:next([jobs]) -> type, id, payload | nil (need more) | false, code, message;
+**       for an OUT frame: type, id, the output bytes, the stream (1 or 2);
+**       with jobs (id -> a table whose sink is a core.stream sink), an OUT
+**       frame for one of them goes into its sink as sink:push does, and
+**       the bytes never become a Lua string: type, id, their count, the
+**       stream, and what push returned (the queued bytes, or nil: ended)
 **     d:buffered() -> bytes waiting
 **     d:position() -> bytes of whole frames taken since the start
 **     d:resume() -> position: drops a frame cut short by a dropped channel
@@ -22,6 +29,7 @@
 #include "modules.h"
 #include "agent_proto.h"
 #include "pty_escape.h"
+#include "stream.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -89,12 +97,10 @@ agent_decoder(lua_State *L)
   return 1;
 }
 
+/* Appends n bytes; -1 when memory ran out. */
 static int
-decoder_feed(lua_State *L)
+decoder_append(struct decoder *d, const char *p, size_t n)
 {
-  struct decoder *d = check_decoder(L);
-  size_t n;
-  const char *p = luaL_checklstring(L, 2, &n);
   if (d->off > 0 && (d->off == d->len || d->off > d->cap / 2)) {
     memmove(d->p, d->p + d->off, d->len - d->off);
     d->len -= d->off;
@@ -107,13 +113,77 @@ decoder_feed(lua_State *L)
       cap *= 2;
     q = realloc(d->p, cap);
     if (!q)
-      return luaL_error(L, "out of memory");
+      return -1;
     d->p = q;
     d->cap = cap;
   }
   memcpy(d->p + d->len, p, n);
   d->len += n;
   return 0;
+}
+
+static int
+decoder_feed(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  size_t n;
+  const char *p = luaL_checklstring(L, 2, &n);
+  if (decoder_append(d, p, n) != 0)
+    return luaL_error(L, "out of memory");
+  return 0;
+}
+
+static int
+decoder_feed_from(lua_State *L)
+{
+  struct decoder *d = check_decoder(L);
+  char *p;
+  size_t n, cap;
+  if (sbx_stream_take_out(L, 2, &p, &n, &cap) != 0)
+    return luaL_argerror(L, 2, "an open core.stream");
+  if (p && d->off == d->len) {
+    /* Nothing of ours is waiting: the queue becomes our buffer. */
+    free(d->p);
+    d->p = (uint8_t *)p;
+    d->off = 0;
+    d->len = n;
+    d->cap = cap;
+  }
+  else if (p) {
+    int rc = decoder_append(d, p, n);
+    free(p);
+    if (rc != 0)
+      return luaL_error(L, "out of memory");
+  }
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+/* An OUT frame for a job of jobs (the table at index 2) goes into its
+** sink: 5 results pushed, or 0 when it is not for one (the caller pushes
+** the bytes as a string). */
+static int
+route_output(lua_State *L, const struct sbx_ap_frame *f)
+{
+  size_t queued = 0;
+  int rc = -1;
+  if (f->payload[0] != 1 && f->payload[0] != 2)
+    return 0;
+  if (lua_geti(L, 2, (lua_Integer)f->id) == LUA_TTABLE) {
+    lua_getfield(L, -1, "sink");
+    rc = sbx_stream_push_out(L, -1, f->payload[0], (const char *)f->payload + 1, f->len - 1, &queued);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  if (rc < 0)
+    return 0;
+  lua_pushinteger(L, (lua_Integer)(f->len - 1));
+  lua_pushinteger(L, f->payload[0]);
+  if (rc > 0)
+    lua_pushinteger(L, (lua_Integer)queued);
+  else
+    lua_pushnil(L);
+  return 5;
 }
 
 static int
@@ -139,10 +209,14 @@ decoder_next(lua_State *L)
     }
     if (used > 0) {
       int nres = 3;
+      int routed = lua_istable(L, 2);
       d->seq++;
       lua_pushinteger(L, f.type);
       lua_pushinteger(L, (lua_Integer)f.id);
-      if (f.type == SBX_AP_OUT && f.len >= 1) {
+      if (f.type == SBX_AP_OUT && f.len >= 1 && routed && (nres = route_output(L, &f)) > 0) {
+        /* pushed into the job's sink */
+      }
+      else if (f.type == SBX_AP_OUT && f.len >= 1) {
         /* Output: the bytes, then the stream, so no copy is cut again. */
         lua_pushlstring(L, (const char *)f.payload + 1, f.len - 1);
         lua_pushinteger(L, f.payload[0]);
@@ -328,7 +402,8 @@ static const luaL_Reg agent_funcs[] = { { "pty_decoder", pty_decoder_new },
                                         { NULL, NULL } };
 
 static const luaL_Reg decoder_methods[] = {
-  { "feed", decoder_feed },         { "next", decoder_next },     { "buffered", decoder_buffered },
+  { "feed", decoder_feed },         { "feed_from", decoder_feed_from }, { "next", decoder_next },
+  { "buffered", decoder_buffered },
   { "position", decoder_position }, { "resume", decoder_resume }, { NULL, NULL }
 };
 

@@ -24,6 +24,7 @@
 #include "capture.h"
 #include "demux.h"
 #include "hijack.h"
+#include "stream.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -223,11 +224,14 @@ finish(struct stream *s, const char *code, const char *msg)
   wake_room(s);
 }
 
+/* Room for n more bytes at the end; -1 when memory ran out. */
 static int
-pend_add(struct pendbuf *b, const char *p, size_t n)
+pend_reserve(struct pendbuf *b, size_t n)
 {
   if (b->len + n > b->cap) {
-    size_t c = b->cap ? b->cap : 4096;
+    /* The first chunk sets the size: a channel's 64 KiB reads are not
+    ** copied through 4, 8, 16 and 32 KiB on their way in. */
+    size_t c = b->cap ? b->cap : (n > 4096 ? n : 4096);
     char *q;
     while (c < b->len + n)
       c *= 2;
@@ -237,9 +241,32 @@ pend_add(struct pendbuf *b, const char *p, size_t n)
     b->p = q;
     b->cap = c;
   }
+  return 0;
+}
+
+static int
+pend_add(struct pendbuf *b, const char *p, size_t n)
+{
+  if (pend_reserve(b, n) != 0)
+    return -1;
   memcpy(b->p + b->len, p, n);
   b->len += n;
   return 0;
+}
+
+/* Bytes that are already at the end of the chunk queue (read there in
+** place: reads_in_place) are captured and counted as queued. */
+static void
+deliver_queued(struct stream *s, int which, const char *p, size_t n)
+{
+  sbx_capture_add(&s->cap[which], p, n);
+  sbx_capture_add(&s->cap[CAP_OUTPUT], p, n);
+  s->pend[which].len += n;
+  if (s->pend[0].len + s->pend[1].len > s->chunk_limit && s->reading) {
+    reading(s, 0);
+    s->paused = 1;
+  }
+  wake_reader(s);
 }
 
 static void
@@ -348,11 +375,25 @@ feed(struct stream *s, const char *p, size_t n)
   }
 }
 
+/* A process's stdout whose bytes go to a chunk queue (a local box's agent
+** channel) is read straight into the queue's free end: one copy less. */
+static int
+reads_in_place(const struct stream *s, const uv_handle_t *h)
+{
+  return s->pipes && s->chunks && h == &s->u.handle;
+}
+
 static void
 alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-  (void)h;
+  struct stream *s = h->data;
+  struct pendbuf *b = &s->pend[CAP_STDOUT];
   (void)suggested;
+  if (reads_in_place(s, h) && (b->cap - b->len >= sizeof read_buffer || pend_reserve(b, sizeof read_buffer) == 0)) {
+    buf->base = b->p + b->len;
+    buf->len = b->cap - b->len;
+    return;
+  }
   buf->base = read_buffer;
   buf->len = sizeof read_buffer;
 }
@@ -363,7 +404,10 @@ pipe_read(struct stream *s, uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
   int fd = st == (uv_stream_t *)s->err_pipe ? 2 : 1;
   if (nread > 0) {
-    deliver(s, fd, buf->base, (size_t)nread);
+    if (buf->base != read_buffer)
+      deliver_queued(s, CAP_STDOUT, buf->base, (size_t)nread);
+    else
+      deliver(s, fd, buf->base, (size_t)nread);
     return;
   }
   if (nread == 0)
@@ -607,6 +651,27 @@ sbx_stream_pipes(lua_State *L, int opts, int in_fd, int out_fd, int err_fd)
   else
     reading(s, 1);
   return 0;
+}
+
+static struct stream *
+test_stream(lua_State *L, int idx)
+{
+  struct stream_ud *ud = luaL_testudata(L, idx, STREAM_MT);
+  return ud ? ud->s : NULL;
+}
+
+int
+sbx_stream_push_out(lua_State *L, int idx, int fd, const char *p, size_t n, size_t *queued_out)
+{
+  struct stream *s = test_stream(L, idx);
+  if (!s || s->request != NULL || s->pipes)
+    return -1;
+  if (s->eof)
+    return 0;
+  if (n)
+    deliver(s, fd == 2 ? 2 : 1, p, n);
+  *queued_out = queued(s);
+  return 1;
 }
 
 /* stream:push("stdout"|"stderr", bytes) -> queued chunk bytes | nil when ended */
@@ -865,6 +930,35 @@ push_take(lua_State *L, struct stream *s, int which, int raw)
   b->cap = 0;
 }
 
+/* After a take: a paused reader reads again, a producer in wait_room goes on. */
+static void
+taken(struct stream *s)
+{
+  wake_room(s);
+  if (s->paused && !s->eof) {
+    s->paused = 0;
+    reading(s, 1);
+  }
+}
+
+int
+sbx_stream_take_out(lua_State *L, int idx, char **p, size_t *len, size_t *cap)
+{
+  struct stream *s = test_stream(L, idx);
+  if (!s)
+    return -1;
+  *p = s->pend[CAP_STDOUT].p;
+  *len = s->pend[CAP_STDOUT].len;
+  *cap = s->pend[CAP_STDOUT].cap;
+  s->pend[CAP_STDOUT].p = NULL;
+  s->pend[CAP_STDOUT].len = s->pend[CAP_STDOUT].cap = 0;
+  free(s->pend[CAP_STDERR].p);
+  s->pend[CAP_STDERR].p = NULL;
+  s->pend[CAP_STDERR].len = s->pend[CAP_STDERR].cap = 0;
+  taken(s);
+  return 0;
+}
+
 /*
 ** stream:take([raw]) -> stdout_text, stderr_text: what was queued for the
 ** callback, as valid UTF-8 (a sequence split across chunks is held back to
@@ -877,11 +971,7 @@ stream_take(lua_State *L)
   int raw = lua_toboolean(L, 2);
   push_take(L, s, CAP_STDOUT, raw);
   push_take(L, s, CAP_STDERR, raw);
-  wake_room(s);
-  if (s->paused && !s->eof) {
-    s->paused = 0;
-    reading(s, 1);
-  }
+  taken(s);
   return 2;
 }
 

@@ -240,7 +240,7 @@ while stat_of "$p" && [ "$ppid" -gt 1 ]; do ancestors="$ancestors$ppid "; p=$ppi
 spared() {
   case "$ancestors" in *" $1 "*) return 0;; esac
   [ -n "$keep" ] || return 1
-  cmd=; read -r cmd < "/proc/$1/cmdline" 2>/dev/null
+  cmd=; { read -r cmd < "/proc/$1/cmdline"; } 2>/dev/null
   for k in $keep; do
     case "$cmd" in "$k"*) return 0;; esac
   done

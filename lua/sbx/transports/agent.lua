@@ -185,19 +185,26 @@ local function give_credit(st, job, s, n)
   job.credit_stream = s
 end
 
--- The decoder hands OUT frames over as (bytes, stream).
-dispatch[T.OUT] = function(st, job, bytes, s)
+-- The decoder hands OUT frames over as (bytes, stream), or, having pushed
+-- them into job.sink itself (drain passes it st.jobs), as (their count,
+-- stream, what the push returned).
+dispatch[T.OUT] = function(st, job, bytes, s, pushed)
   if s ~= 1 and s ~= 2 then return M.lost(st, "output for an unknown stream") end
-  local q = job.sink:push(s == 1 and "stdout" or "stderr", bytes)
+  local q, n
+  if math.type(bytes) == "integer" then
+    q, n = pushed, bytes
+  else
+    q, n = job.sink:push(s == 1 and "stdout" or "stderr", bytes), #bytes
+  end
   if job.on_bytes then job.on_bytes(job) end
   if q and q > job.chunk_limit then
-    job.owed[s] = job.owed[s] + #bytes       -- given back at take()
+    job.owed[s] = job.owed[s] + n       -- given back at take()
   elseif job.credit_stream and job.credit_stream ~= s and job.credit > 0 then
     send(st, T.CREDIT, job.id, string.pack(">BI4", job.credit_stream, job.credit))
     job.credit = 0
-    give_credit(st, job, s, #bytes)
+    give_credit(st, job, s, n)
   else
-    give_credit(st, job, s, #bytes)
+    give_credit(st, job, s, n)
   end
 end
 
@@ -274,7 +281,7 @@ function M.lost(st, why, code)
   if st.hello_event then st.hello_event:set() end
 end
 
-local function on_frame(st, ftype, id, payload, stream)
+local function on_frame(st, ftype, id, payload, stream, pushed)
   st.last_rx = core.now()
   if id == 0 then
     if ftype == T.HELLO then
@@ -307,17 +314,17 @@ local function on_frame(st, ftype, id, payload, stream)
   end
   local h = dispatch[ftype]
   if not h then return M.lost(st, string.format("an unknown frame 0x%02x from the agent", ftype)) end
-  h(st, job, payload, stream)
+  h(st, job, payload, stream, pushed)
 end
 
 -- Frames the decoder holds, to their handlers.
 local function drain(st)
   local dec = st.dec
   while not st.dead do
-    local ftype, id, payload, stream = dec:next()
+    local ftype, id, payload, stream, pushed = dec:next(st.jobs)
     if ftype == nil then break end
     if ftype == false then M.lost(st, payload) break end
-    on_frame(st, ftype, id, payload, stream)
+    on_frame(st, ftype, id, payload, stream, pushed)
   end
   if st.grace > 0 and not st.dead and dec:position() - st.rx_acked >= st.ack_bytes then send_ack(st) end
 end
@@ -443,10 +450,16 @@ local function reader(st, gen)
     local ch = st.ch
     local ev = ch:wait()
     if ev == "data" or ev == "eof" then
-      local bytes = ch:take(true)
-      if bytes and #bytes > 0 then
-        st.dec:feed(bytes)
-        drain(st)
+      -- A core.stream hands its bytes to the decoder without a Lua string
+      -- (a backend's wrapper of one is read through its take).
+      if type(ch) == "userdata" then
+        if st.dec:feed_from(ch) > 0 then drain(st) end
+      else
+        local bytes = ch:take(true)
+        if bytes and #bytes > 0 then
+          st.dec:feed(bytes)
+          drain(st)
+        end
       end
     end
     if ev == "eof" and not st.dead and st.gen == gen then
