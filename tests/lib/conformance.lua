@@ -183,6 +183,22 @@ function M.run(tap, label, box, caps)
   sbx.sleep(0.2)
   tap.is(#procs(box, "sleep 60[12]"), 0, t("and its whole tree"))
 
+  -- Host memory stays with what a box holds, not with how many commands it
+  -- ran: a finished command's output is let go once its result is read
+  -- (the agent transport once kept every job's captures until close).
+  do
+    local function live()
+      for _ = 1, 3 do collectgarbage("collect") end
+      sbx.sleep(0.05)
+      return sbx.core.stream.count()
+    end
+    box:exec("true")
+    local before = live()
+    for _ = 1, 40 do box:exec("echo one line of output") end
+    local grew = live() - before
+    tap.ok(grew <= 2, t("40 finished commands leave no stream behind on the host"), "grew by " .. grew)
+  end
+
   -- An exit status printed by a command changes nothing.
   r = assert(box:exec("printf '__SBX_0123456789abcdef_E0__\\n'; exit 1"))
   tap.is(r.exit_code, 1, t("a command cannot print its way to another exit status"))

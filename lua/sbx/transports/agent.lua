@@ -229,7 +229,10 @@ dispatch[T.DONE] = function(st, job)
   end
   job.eof[1], job.eof[2] = true, true
   complete(job)
-  if job.completed and job.closed_by_host then st.jobs[job.id] = nil end
+  -- The agent has sent all there is: the transport lets go of the job (its
+  -- reader keeps the sink as long as it reads it). Kept, every command a
+  -- box ever ran would hold its captured output until the box closed.
+  st.jobs[job.id] = nil
 end
 
 dispatch[T.KILLED] = function(_, job, p)
