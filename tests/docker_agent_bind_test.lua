@@ -82,8 +82,15 @@ if code ~= 0 then
 else
   sbx.use_policy { docker = { agent_dir = nx } }
   local b = H.box { image = H.busybox, transport = "agent" }
-  tap.ok(b.handle.agent_bound ~= nil and b:exec("echo nx").stdout == "nx\n",
-    "a bound file from a noexec mount on the host runs in the box")
+  if b.handle.daemon.podman then
+    -- Podman keeps the source's noexec on the bind: the agent does not
+    -- run from it, and the backend places it the other way (extra.retry).
+    tap.ok(b.handle.agent_bound == nil and b:exec("echo nx").stdout == "nx\n",
+      "Podman: a bound file from a noexec mount does not run; the agent is uploaded and the box works")
+  else
+    tap.ok(b.handle.agent_bound ~= nil and b:exec("echo nx").stdout == "nx\n",
+      "a bound file from a noexec mount on the host runs in the box")
+  end
   b:close()
   H.sh("umount " .. nx)
 end
