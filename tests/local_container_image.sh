@@ -7,6 +7,8 @@
 # `useradd -m` (Debian gives it an /etc/subuid range).
 #   tests/local_container_image.sh BUILD_DIR TAG
 set -eu
+# Docker's daemon, whatever DOCKER_HOST says (make test-podman sets it).
+unset DOCKER_HOST
 build=$1 tag=$2
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

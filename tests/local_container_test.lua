@@ -17,6 +17,12 @@ local tap = require "tap"
 local H = require "helper"
 
 local build = (H.sbx_bin:match("^(.*)/sbx$")) or "build"
+
+-- The containers are Docker's, whatever daemon the suite tests: what is
+-- under test is sbx inside them (make test-podman points DOCKER_HOST at
+-- Podman, whose service the docker CLI cannot attach to: "unable to
+-- upgrade to tcp, received 409").
+local DOCKER = "env -u DOCKER_HOST docker"
 local tag = "sbx-local-container-test:latest"
 
 -- What the test image is built from: a daemon to build and run it, the
@@ -24,9 +30,9 @@ local tag = "sbx-local-container-test:latest"
 -- scripts/build-images.sh). Without them this file says so and skips.
 local ARCHIVE = "/var/lib/sbx/images/sbx-debian:12.tar"
 local missing
-if select(2, H.sh("timeout 20 docker version --format '{{.Server.Version}}'")) ~= 0 then
+if select(2, H.sh("timeout 20 " .. DOCKER .. " version --format '{{.Server.Version}}'")) ~= 0 then
   missing = "no Docker daemon answers (docker version)"
-elseif select(2, H.sh("docker image inspect sbx-debian:12 >/dev/null")) ~= 0 then
+elseif select(2, H.sh(DOCKER .. " image inspect sbx-debian:12 >/dev/null")) ~= 0 then
   missing = "the daemon has no sbx-debian:12 image (scripts/build-images.sh builds it)"
 elseif require("sbx").core.path_type(ARCHIVE) ~= "file" then
   missing = ARCHIVE .. " is missing (scripts/build-images.sh writes it)"
@@ -55,7 +61,7 @@ end
 -- script file is mounted at /t.lua. Output (stdout and stderr) and status.
 local function run(opts, user, args, file)
   local mount = file and ("-v " .. file .. ":/t.lua:ro ") or ""
-  return H.sh(string.format("timeout 300 docker run --rm --network none %s -u %s %s%s sbx %s",
+  return H.sh(string.format("timeout 300 %s run --rm --network none %s -u %s %s%s sbx %s", DOCKER,
     opts, user, mount, tag, args))
 end
 
@@ -154,7 +160,7 @@ print("zombies=" .. zombies())
 out, code = run(UNCONFINED, "root", "run /t.lua", many)
 tap.is(code, 0, "as PID 1: 20 boxes ran\n" .. out)
 tap.like(out, "zombies=0\n", "and no zombie is left")
-out, code = H.sh("timeout 60 docker run --rm --network none " .. tag .. " sh -c 'sbx run /nonexistent.lua; echo rc=$?'")
+out, code = H.sh("timeout 60 " .. DOCKER .. " run --rm --network none " .. tag .. " sh -c 'sbx run /nonexistent.lua; echo rc=$?'")
 tap.like(out, "rc=1", "sbx's status comes through its init")
 
 for _, f in ipairs { probe, strict, many } do os.remove(f) end
