@@ -13,7 +13,11 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/stdlib"
 cp "$py" "$stage/bin/"
-docker run --rm --network none sbx-debian:12 sh -c 'ls /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu' >"$stage/base.txt"
+# The libraries the image has, read from its files (no attached run: the
+# docker CLI cannot attach to Podman's service, which make test-podman uses).
+c=$(docker create sbx-debian:12 true)
+docker export "$c" | tar -tf - | sed -n 's|^\(usr/\)\{0,1\}lib/x86_64-linux-gnu/\([^/]*\)$|\2|p' >"$stage/base.txt"
+docker rm "$c" >/dev/null
 ldd "$py" | awk '/=> \//{print $3}' | sort -u |
   while read -r l; do grep -qx "$(basename "$l")" "$stage/base.txt" || cp -L "$l" "$stage/lib/"; done
 tar -C /usr/lib -cf - --exclude=__pycache__ --exclude="$ver/test" --exclude="$ver/idlelib" \
