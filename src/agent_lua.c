@@ -401,11 +401,13 @@ static const luaL_Reg agent_funcs[] = { { "pty_decoder", pty_decoder_new },
                                         { "attach_proof", agent_attach_proof },
                                         { NULL, NULL } };
 
-static const luaL_Reg decoder_methods[] = {
-  { "feed", decoder_feed },         { "feed_from", decoder_feed_from }, { "next", decoder_next },
-  { "buffered", decoder_buffered },
-  { "position", decoder_position }, { "resume", decoder_resume }, { NULL, NULL }
-};
+static const luaL_Reg decoder_methods[] = { { "feed", decoder_feed },
+                                            { "feed_from", decoder_feed_from },
+                                            { "next", decoder_next },
+                                            { "buffered", decoder_buffered },
+                                            { "position", decoder_position },
+                                            { "resume", decoder_resume },
+                                            { NULL, NULL } };
 
 static const luaL_Reg decoder_meta[] = { { "__gc", decoder_gc },
                                          { "__close", decoder_gc },

@@ -394,7 +394,8 @@ alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   struct stream *s = h->data;
   struct pendbuf *b = &s->pend[CAP_STDOUT];
   (void)suggested;
-  if (reads_in_place(s, h) && (b->cap - b->len >= sizeof read_buffer || pend_reserve(b, sizeof read_buffer) == 0)) {
+  if (reads_in_place(s, h) &&
+      (b->cap - b->len >= sizeof read_buffer || pend_reserve(b, sizeof read_buffer) == 0)) {
     buf->base = b->p + b->len;
     buf->len = b->cap - b->len;
     return;
@@ -1186,9 +1187,10 @@ stream_count(lua_State *L)
   return 1;
 }
 
-static const luaL_Reg stream_funcs[] = {
-  { "open", stream_open }, { "sink", stream_sink }, { "count", stream_count }, { NULL, NULL }
-};
+static const luaL_Reg stream_funcs[] = { { "open", stream_open },
+                                         { "sink", stream_sink },
+                                         { "count", stream_count },
+                                         { NULL, NULL } };
 
 static const luaL_Reg stream_methods[] = { { "wait", stream_wait },
                                            { "take", stream_take },
