@@ -107,7 +107,7 @@ decoder_append(struct decoder *d, const char *p, size_t n)
     d->off = 0;
   }
   if (d->len + n > d->cap) {
-    size_t cap = d->cap ? d->cap : 256;
+    size_t cap = d->cap ? d->cap : (n > 256 ? n : 256);
     uint8_t *q;
     while (cap < d->len + n)
       cap *= 2;
