@@ -49,7 +49,7 @@ function M.start(h, req)
   if h.disk_limit then isolation.ensure_poller(h.daemon) end
   local id, err, code = exec_create(h, req, req.deadline)
   if not id then return nil, err, code end
-  local job = { id = id, marker = req.marker, stream = open_stream(h, id, req) }
+  local job = { id = id, marker = req.marker, stream = open_stream(h, id, req), program = req.argv[1] }
   if h.jobs then h.jobs[job] = true end       -- a frozen box fails them
   return job
 end
@@ -131,6 +131,21 @@ local function never_started(h, r, job)
   end
 end
 
+-- A stream that broke under a command whose process never started: the
+-- daemon closed it while stdin was still going in (Podman resets the
+-- connection before its runtime's words arrive). The daemon's record of
+-- the exec decides: the message, or nil when the command did run.
+local function start_refused(h, job, deadline)
+  local st, r = call(h.daemon, "GET", "/exec/" .. job.id .. "/json", nil, { deadline = deadline, timeout = 5 })
+  if not st or r.Running or r.ExitCode == nil or r.ExitCode == json.null then return nil end
+  local said = never_started(h, r, job)
+  if said then return "the daemon could not start the command: " .. (said ~= "" and said or "exit 126 without a process") end
+  if h.daemon.podman and (r.ExitCode == 126 or r.ExitCode == 127) and job.stream:captured("output") == "" then
+    return string.format("the daemon could not start %s (exit %d, and the connection broke before it said why)",
+      tostring(job.program), r.ExitCode)
+  end
+end
+
 -- finish(handle, job) -> exit code, read once the stream has ended. The
 -- daemon forgets finished execs after minutes, so callers keep the value.
 -- A command the daemon could not start (it says exit 126 but never had a
@@ -139,7 +154,14 @@ end
 function M.finish(h, job, deadline)
   if job.exit_code then return job.exit_code end
   local info = job.stream:info()
-  if info.error_code then return nil, M.stream_error(h, info) end
+  if info.error_code then
+    local msg, code = M.stream_error(h, info)
+    if code == "closed" then
+      local refused = start_refused(h, job, deadline)
+      if refused then return nil, refused, "exec_failed" end
+    end
+    return nil, msg, code
+  end
   if info.status ~= 200 and info.status ~= 101 then
     local j = info.body and json.decode(info.body)
     local msg = type(j) == "table" and j.message or info.body or "no answer"
