@@ -3,7 +3,9 @@
 # fresh Debian 12 container (sbx-debian:12, which setup builds with
 # debootstrap: Debian and nothing else) started with only seccomp and
 # AppArmor unconfined, a clean copy of this tree (git archive of HEAD), and
-# this host's package sources (/etc/apt, read-only). Prints the wall time of
+# this host's package sources (/etc/apt and npm's global configuration,
+# read-only: where this machine gets Debian packages and the test SDKs).
+# Prints the wall time of
 #   scripts/setup.sh && make && build/sbx run lua/examples/hello.lua
 # as root (setup installs packages), and its last lines.
 # Usage: scripts/bench-first-run.sh   (needs a Docker daemon to start it)
@@ -12,9 +14,11 @@ cd "$(dirname "$0")/.."
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 git archive HEAD | tar -x -C "$src"
+sources=(-v /etc/apt:/etc/apt:ro)
+for f in /etc/npmrc /usr/etc/npmrc; do [ -f "$f" ] && sources+=(-v "$f:$f:ro"); done
 echo "# $(uname -m), $(nproc) CPUs, $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)"
 docker run --rm --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
-  -v "$src:/src:ro" -v /etc/apt:/etc/apt:ro sbx-debian:12 sh -c '
+  -v "$src:/src:ro" "${sources[@]}" sbx-debian:12 sh -c '
     cp -a /src /root/sbx && cd /root/sbx
     t0=$(date +%s.%N)
     if scripts/setup.sh >/tmp/setup.log 2>&1 && make >/tmp/make.log 2>&1 &&
