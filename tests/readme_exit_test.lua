@@ -50,22 +50,26 @@ local function image_names(code)
   for name in code:gmatch('image = "([^"]+)"') do names[#names + 1] = name end
   return names
 end
+-- The snippets run on the stand-ins, whose pods and tasks are containers
+-- of Docker's own daemon whatever DOCKER_HOST names (make test-podman
+-- points it at Podman): their images go there.
+local DOCKER = "env -u DOCKER_HOST docker"
 local PY = "sbx-test-python:3"
-local _, built = H.sh("docker image inspect " .. PY .. " >/dev/null 2>&1 || tests/python_image.sh " .. PY)
+local _, built = H.sh(DOCKER .. " image inspect " .. PY .. " >/dev/null 2>&1 || env -u DOCKER_HOST tests/python_image.sh " .. PY)
 tap.is(built, 0, "a python3 image built from sbx-debian:12 (" .. PY .. ")")
 local tagged = {}
 local function provide(code)
   for _, name in ipairs(image_names(code)) do
-    local _, have = H.sh("docker image inspect " .. q(name) .. " >/dev/null 2>&1")
+    local _, have = H.sh(DOCKER .. " image inspect " .. q(name) .. " >/dev/null 2>&1")
     if have ~= 0 then
-      local _, rc = H.sh("docker tag " .. PY .. " " .. q(name))
+      local _, rc = H.sh(DOCKER .. " tag " .. PY .. " " .. q(name))
       if rc == 0 then tagged[#tagged + 1] = name end
     end
   end
 end
 local function untag()
   -- `docker rmi` of a tag an image has others of only removes the tag.
-  for _, name in ipairs(tagged) do H.sh("docker rmi " .. q(name) .. " >/dev/null") end
+  for _, name in ipairs(tagged) do H.sh(DOCKER .. " rmi " .. q(name) .. " >/dev/null") end
   tagged = {}
 end
 
