@@ -15,7 +15,7 @@ src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 git archive HEAD | tar -x -C "$src"
 sources=(-v /etc/apt:/etc/apt:ro)
-for f in /etc/npmrc /usr/etc/npmrc; do [ -f "$f" ] && sources+=(-v "$f:$f:ro"); done
+for f in /etc/npmrc /usr/etc/npmrc /root/.npmrc; do [ -f "$f" ] && sources+=(-v "$f:$f:ro"); done
 echo "# $(uname -m), $(nproc) CPUs, $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)"
 docker run --rm --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
   -v "$src:/src:ro" "${sources[@]}" sbx-debian:12 sh -c '
@@ -25,5 +25,5 @@ docker run --rm --security-opt seccomp=unconfined --security-opt apparmor=unconf
        build/sbx run lua/examples/hello.lua >/tmp/run.log 2>&1; then rc=0; else rc=$?; fi
     t1=$(date +%s.%N)
     tail -n 3 /tmp/run.log
-    [ "$rc" = 0 ] || { tail -n 20 /tmp/setup.log /tmp/make.log 2>/dev/null; }
+    [ "$rc" = 0 ] || { grep -v "level=" /tmp/setup.log | tail -n 20; tail -n 20 /tmp/make.log 2>/dev/null; }
     echo "first command: exit $rc, $(echo "$t1 - $t0" | bc 2>/dev/null || awk "BEGIN{print $t1-$t0}") s"'

@@ -14,7 +14,10 @@ scripts/setup.sh --podman --no-images
 mkdir -p "$sock_dir"
 started=
 if ! curl -sf --unix-socket "$sock" http://localhost/_ping >/dev/null 2>&1; then
-  podman system service --time=0 "unix://$sock" >/var/log/sbx-podman.log 2>&1 &
+  # From its own directory: conmon writes an "oom" file into its working
+  # directory when a container's process is OOM-killed, and the checkout
+  # must stay clean (tests/run.sh checks it).
+  (cd "$sock_dir" && exec podman system service --time=0 "unix://$sock") >/var/log/sbx-podman.log 2>&1 &
   started=$!
   trap '[ -n "$started" ] && kill "$started" 2>/dev/null; true' EXIT
   for _ in $(seq 1 100); do

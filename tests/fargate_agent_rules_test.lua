@@ -115,7 +115,10 @@ end
 -- An image whose USER is not root: ECS Exec still runs commands as root.
 do
   local tag = "sbx-test-user-65534:1"
-  local p = io.popen("printf 'FROM " .. H.image .. "\\nUSER 65534\\n' | docker build -q -t " .. tag .. " - 2>&1")
+  -- Built where the stand-in runs its tasks (Docker's own daemon, whatever
+  -- DOCKER_HOST names: make test-podman points it at Podman).
+  local p = io.popen("printf 'FROM " .. H.image .. "\\nUSER 65534\\n' | DOCKER_HOST=" .. st.docker_host ..
+    " docker build -q -t " .. tag .. " - 2>&1")
   local out = p:read("a")
   local okb = p:close()
   if not okb then
@@ -127,7 +130,7 @@ do
     local s = wait_session("id -u", function(x) return x.execUser ~= nil end, 10)
     tap.is(s and s.execUser, "0:0", "the stand-in ran the session's process as 0:0")
   end
-  os.execute("docker rmi -f " .. tag .. " >/dev/null 2>&1")
+  os.execute("DOCKER_HOST=" .. st.docker_host .. " docker rmi -f " .. tag .. " >/dev/null 2>&1")
 end
 
 -- The idle limit: without input for idle_timeout the session is cut (the
