@@ -131,6 +131,11 @@ local function never_started(h, r, job)
   end
 end
 
+-- The message of a command the daemon could not start, from its words.
+local function refusal(said)
+  return "the daemon could not start the command: " .. (said ~= "" and said or "exit 126 without a process")
+end
+
 -- A stream that broke under a command whose process never started: the
 -- daemon closed it while stdin was still going in (Podman resets the
 -- connection before its runtime's words arrive). The daemon's record of
@@ -139,7 +144,7 @@ local function start_refused(h, job, deadline)
   local st, r = call(h.daemon, "GET", "/exec/" .. job.id .. "/json", nil, { deadline = deadline, timeout = 5 })
   if not st or r.Running or r.ExitCode == nil or r.ExitCode == json.null then return nil end
   local said = never_started(h, r, job)
-  if said then return "the daemon could not start the command: " .. (said ~= "" and said or "exit 126 without a process") end
+  if said then return refusal(said) end
   if h.daemon.podman and (r.ExitCode == 126 or r.ExitCode == 127) and job.stream:captured("output") == "" then
     return string.format("the daemon could not start %s (exit %d, and the connection broke before it said why)",
       tostring(job.program), r.ExitCode)
@@ -178,10 +183,7 @@ function M.finish(h, job, deadline)
     -- Podman reports ExitCode 0 while running: trust Running first.
     if not r.Running and r.ExitCode ~= json.null and r.ExitCode ~= nil then
       local refused = never_started(h, r, job)
-      if refused then
-        return nil, "the daemon could not start the command: " .. (refused ~= "" and refused or "exit 126 without a process"),
-          "exec_failed"
-      end
+      if refused then return nil, refusal(refused), "exec_failed" end
       if r.ExitCode == 137 then M.oom_check(h, job) end
       job.exit_code = r.ExitCode
       return r.ExitCode

@@ -1,6 +1,5 @@
 -- The Docker backend's reaper: removes the boxes of owners that are gone.
-local core = require "sbx.core"
-local json = core.json
+local json = require("sbx.core").json
 local owner = require "sbx.owner"
 local client = require "sbx.backends.docker.client"
 local call, urlq = client.call, client.urlq
@@ -16,16 +15,8 @@ function M.reap(opts)
   local d, err, code = client.connect(opts.docker_host, opts.deadline)
   if not d then return nil, err, code end
   local filters = json.encode { label = json.array { "sbx.owner.pid" } }
-  local st, list, lcode
-  for attempt = 1, 3 do
-    st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters), nil,
-      { deadline = opts.deadline })
-    -- Podman fails the whole list when a container is removed while it
-    -- lists ("getting container from store ...: container not known"):
-    -- asked again, that container is simply gone.
-    if st or lcode ~= "daemon_error" or attempt == 3 then break end
-    core.sleep(0.1 * attempt)
-  end
+  local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters), nil,
+    { deadline = opts.deadline })
   if not st then return nil, list, lcode end
   local now = os.time()
   return owner.reap_each(list, opts, {
