@@ -161,6 +161,8 @@ sbx_deadline_close_all(struct sbx_host *h)
 static int
 raise_ended(lua_State *L, struct sbx_host *h, int why)
 {
+  if (why == SBX_DEADLINE_SIGNAL)
+    sbx_host_stop_running(h, L, 0); /* delivered here */
   if (why == SBX_DEADLINE_TIMEOUT)
     lua_pushliteral(L, "deadline exceeded");
   else
@@ -189,7 +191,8 @@ sbx_deadline_check(lua_State *L)
   h = sbx_host_peek(L);
   if (!h)
     return;
-  sbx_host_poll_signals(h);
+  if (sbx_host_poll_signals(h))
+    sbx_host_stop_running(h, L, 1); /* L was not waiting: its next wait */
   why = thread_state(h, L, 1);
   if (why)
     raise_ended(L, h, why);

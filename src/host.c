@@ -45,6 +45,10 @@ struct sbx_task {
   int status;
   int observed; /* someone asked for the result */
   int cancel_requested;
+  /* A stop (SBX_CANCEL_INTERRUPT, SBX_CANCEL_TASK) that came while the task
+  ** was not waiting (queued to run, not yet started): its next wait ends
+  ** with it at once. */
+  int stop_pending;
   int unref; /* core.drain does not wait for it (task:unref) */
   int in_queue;
   struct sbx_waiter *waiting;
@@ -238,6 +242,28 @@ task_of(lua_State *L)
   return t;
 }
 
+static int
+is_main_thread(lua_State *L)
+{
+  int main = lua_pushthread(L);
+  lua_pop(L, 1);
+  return main;
+}
+
+void
+sbx_host_stop_running(struct sbx_host *h, lua_State *L, int set)
+{
+  struct sbx_task *t = task_of(L);
+  if (t && t->co == L) {
+    if (!set)
+      t->stop_pending = 0;
+    else if (!t->stop_pending)
+      t->stop_pending = SBX_CANCEL_INTERRUPT;
+  }
+  else if (!t && is_main_thread(L))
+    h->main_stop_pending = set;
+}
+
 int
 sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
 {
@@ -246,6 +272,15 @@ sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
   /* A thread whose deadline ended waits for nothing more. */
   if (!w->woken && sbx_deadline_state(L))
     waiter_cancel(w, SBX_CANCEL_DEADLINE);
+  if (!w->woken && t && t->co == L && t->stop_pending) {
+    int why = t->stop_pending;
+    t->stop_pending = 0;
+    waiter_cancel(w, why);
+  }
+  else if (!w->woken && !t && w->host->main_stop_pending && is_main_thread(L)) {
+    w->host->main_stop_pending = 0;
+    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+  }
   if (w->woken)
     return k(L, LUA_OK, ctx);
   if (t && t->co == L && lua_isyieldable(L)) {
@@ -454,12 +489,23 @@ run_ready(struct sbx_host *h)
   }
 }
 
+/*
+** An interrupt reaches every task once: a waiting task at its wait, a task
+** queued to run (not started yet, or woken by a wait that ended well) at its
+** next one. The tasks are marked before the waits are cancelled, so a task
+** this wakes is not marked again: its cleanup's waits go on, as do those of
+** tasks spawned after the signal (box removals).
+*/
 static void
 deliver_interrupt(struct sbx_host *h)
 {
   struct sbx_waiter *w = h->pending.next, *next;
+  struct sbx_task *t;
   h->interrupt_pending = 0;
   undelivered = 0;
+  for (t = h->ready_first; t; t = t->next_ready)
+    if (!t->stop_pending)
+      t->stop_pending = SBX_CANCEL_INTERRUPT;
   for (; w != &h->pending; w = next) {
     next = w->next;
     waiter_cancel(w, SBX_CANCEL_INTERRUPT);
@@ -612,7 +658,8 @@ task_done(lua_State *L)
   return 1;
 }
 
-/* task:cancel(): a waiting task wakes with the error "cancelled". */
+/* task:cancel(): a waiting task wakes with the error "cancelled"; one not
+** waiting (queued, not started) gets it at its next wait. */
 static int
 task_cancel(lua_State *L)
 {
@@ -624,6 +671,8 @@ task_cancel(lua_State *L)
   t->cancel_requested = 1;
   if (t->waiting)
     waiter_cancel(t->waiting, SBX_CANCEL_TASK);
+  else
+    t->stop_pending = SBX_CANCEL_TASK;
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -831,7 +880,11 @@ static int
 core_drain(lua_State *L)
 {
   struct sbx_host *h = sbx_host_get(L);
-  int rc = sbx_drive(h, NULL);
+  int rc;
+  /* A drain is the script's cleanup: a signal the main thread's code was
+  ** running into is not held for its waits (it ends the drain's tasks). */
+  h->main_stop_pending = 0;
+  rc = sbx_drive(h, NULL);
   if (rc == -2)
     return sbx_pushfail(L, "deadlock", "%d task(s) wait for something that can never happen", h->tasks_alive);
   lua_pushboolean(L, 1);

@@ -60,6 +60,7 @@ struct sbx_host {
   int interrupts;                 /* core.interrupt calls (a signal's effect without one) */
   int interrupt_pending;          /* an interrupt not yet delivered */
   int interrupt_cancelled;        /* ... whose waits were already cancelled */
+  int main_stop_pending;          /* the main thread ran when a signal was taken */
   int last_signal;
   /* What modules keep on the host, which knows none of them: state by
   ** their own key (sbx_host_slot), and what to do when it closes. */
@@ -143,6 +144,12 @@ struct sbx_host *sbx_host_peek(lua_State *L);
 /* Takes the signals the handler counted since the last call: counted,
 ** interrupt pending, every deadline frame ended. 1 when there were any. */
 int sbx_host_poll_signals(struct sbx_host *h);
+
+/* A signal taken while thread L ran (the count hook's): set 1, L gets the
+** interruption at its next wait, as a queued task does; set 0, it was
+** raised in L already. L a task's thread or the main thread (others: no
+** effect). */
+void sbx_host_stop_running(struct sbx_host *h, lua_State *L, int set);
 
 /* Nonzero while the count hook has something to look at: a signal not
 ** taken yet, or one taken but not yet delivered to the waits. */

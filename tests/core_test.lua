@@ -25,6 +25,14 @@ local slow = sbx.spawn(function() sbx.sleep(5) end)
 tap.is(select(3, sbx.wait(slow, 0.05)), "timeout", "wait with a timeout")
 tap.ok(slow:cancel(), "a waiting task can be cancelled")
 tap.checkerr("cancelled", sbx.wait, slow)
+-- A task cancelled before it ran gets the cancel at its first wait.
+do
+  local after = false
+  local queued = sbx.spawn(function() sbx.sleep(0) after = true end)
+  tap.ok(queued:cancel(), "a task not started yet can be cancelled")
+  tap.checkerr("cancelled", sbx.wait, queued)
+  tap.is(after, false, "its first wait ended it: the code after never ran")
+end
 
 local sem = sbx.semaphore(2)
 local running, peak = 0, 0
@@ -116,5 +124,41 @@ collectgarbage()
   local reports = select(2, out:gsub("a task failed and nobody waited for it", ""))
   tap.is(reports, 1, "one report, for the kept task", out)
   tap.like(out, "nobody waited for it: boom%-kept", "with its error")
+end
+
+-- A signal reaches every task once: those queued to run (not started yet)
+-- at their first wait, so they do not begin work the script is being
+-- stopped from doing (a box created after SIGINT), and sbx run ends. The
+-- script spawns its tasks and runs without waiting until the signal came.
+do
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir))
+  local path = dir .. "/queued.lua"
+  local f = assert(io.open(path, "w"))
+  f:write((([[
+local sbx = require "sbx"
+for i = 1, 3 do
+  sbx.spawn(function()
+    sbx.sleep(0.01)
+    io.open("DIR/started-" .. i, "w"):close()
+    sbx.sleep(30)
+  end)
+end
+io.open("DIR/spawned", "w"):close()
+while sbx.core.signals() == 0 do end
+sbx.sleep(30)
+]]):gsub("DIR", dir)))
+  f:close()
+  local p = io.popen(string.format([[
+timeout -s KILL 25 %s run %s 2>&1 & pid=$!
+while [ ! -e %s/spawned ]; do sleep 0.01; done
+kill -INT $pid; wait $pid; echo rc=$?]], os.getenv("SBX_BIN") or "build/sbx", path, dir))
+  local out = p:read("a")
+  p:close()
+  tap.like(out, "rc=130", "sbx run ends with 130 after SIGINT, not held by the queued tasks", out)
+  local started = io.popen("ls " .. dir .. " | grep -c started"):read("a")
+  tap.is(tonumber(started), 0, "no queued task got past its first wait", out)
+  os.execute("rm -rf " .. dir)
 end
 tap.done()
