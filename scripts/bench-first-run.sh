@@ -4,7 +4,8 @@
 # debootstrap: Debian and nothing else) started with only seccomp and
 # AppArmor unconfined, a clean copy of this tree (git archive of HEAD), and
 # this host's package sources (/etc/apt and npm's global configuration,
-# read-only: where this machine gets Debian packages and the test SDKs).
+# read-only, with the certificate authorities npm is told to trust: where
+# this machine gets Debian packages and the test SDKs).
 # Prints the wall time of
 #   scripts/setup.sh && make && build/sbx run lua/examples/hello.lua
 # as root (setup installs packages), and its last lines.
@@ -16,6 +17,12 @@ trap 'rm -rf "$src"' EXIT
 git archive HEAD | tar -x -C "$src"
 sources=(-v /etc/apt:/etc/apt:ro)
 for f in /etc/npmrc /usr/etc/npmrc /root/.npmrc; do [ -f "$f" ] && sources+=(-v "$f:$f:ro"); done
+# npm's certificate authorities, where its configuration names a file: the
+# container's own bundle is Debian's (setup writes it), so the host's goes
+# beside it and npm is pointed there.
+if ca=$(npm config get cafile 2>/dev/null) && [ -f "$ca" ]; then
+  sources+=(-v "$ca:/run/host-npm-ca.crt:ro" -e npm_config_cafile=/run/host-npm-ca.crt)
+fi
 echo "# $(uname -m), $(nproc) CPUs, $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)"
 docker run --rm --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
   -v "$src:/src:ro" "${sources[@]}" sbx-debian:12 sh -c '
