@@ -135,10 +135,8 @@ end
 
 -- Containers labelled as owned by pid (running or not).
 local function boxes_of(pid)
-  local filters = json.encode { label = { "sbx.owner.pid=" .. pid } }
-  local st, list = H.api("GET", "/containers/json?all=1&filters=" .. filters:gsub("[^%w]", function(c)
-    return string.format("%%%02X", c:byte()) end))
-  return st == 200 and #list or -1
+  local ok, list = pcall(H.containers, { "sbx.owner.pid=" .. pid })
+  return ok and #list or -1
 end
 
 local function names(tools, get)

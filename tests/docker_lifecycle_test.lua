@@ -124,8 +124,7 @@ sbx.sleep(60)
       if H.sh("kill -0 " .. cpid .. " 2>/dev/null; echo $?"):match("1") then break end
       sbx.sleep(0.1)
     end
-    local filters = sbx.json.encode { label = sbx.json.array { "sbx.owner.pid=" .. cpid } }
-    local _, list = H.api("GET", "/containers/json?all=true&filters=" .. sbx.http.escape(filters))
+    local list = H.containers { "sbx.owner.pid=" .. cpid }
     tap.is(#list, 0, string.format("SIGINT %.2f s into creating 5 boxes leaves none", delay))
   end
 end

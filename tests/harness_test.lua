@@ -33,10 +33,7 @@ local function tmp(suffix)
 end
 
 local function owned_containers(pid)
-  local filters = json.encode { label = json.array { "sbx.owner.pid=" .. pid } }
-  local st, list = H.api("GET", "/containers/json?all=1&filters=" .. sbx.http.escape(filters))
-  assert(st, list)
-  return list
+  return H.containers { "sbx.owner.pid=" .. pid }
 end
 
 tap.ok(type(harness) == "table" and type(harness.run) == "function", "sbx.harness is exposed")

@@ -16,10 +16,7 @@ local slurp = H.slurp
 
 -- Containers carrying every label of the list ("k=v" or "k").
 local function containers(labels)
-  local filters = json.encode { label = json.array(labels) }
-  local st, list = H.api("GET", "/containers/json?all=true&filters=" .. sbx.http.escape(filters))
-  assert(st, list)
-  return list
+  return H.containers(labels)
 end
 
 -- Waits (bounded) until cond() holds; returns whether it did.

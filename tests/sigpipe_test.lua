@@ -15,10 +15,7 @@ local slurp = H.slurp
 local write = H.write
 
 local function boxes_of(pid)
-  local filters = json.encode { label = json.array { "sbx.owner.pid=" .. tostring(pid) } }
-  local st, list = H.api("GET", "/containers/json?all=true&filters=" .. sbx.http.escape(filters))
-  assert(st, list)
-  return #list
+  return #H.containers { "sbx.owner.pid=" .. tostring(pid) }
 end
 
 -- Waits until path holds a number (a pid, an exit status); nil after limit seconds.

@@ -24,6 +24,17 @@ function H.api(method, path, body, docker_host)
   return require("sbx.backends.docker").call(H.daemon(docker_host), method, path, body, { ok = { [404] = true } })
 end
 
+-- Every container (running or not) carrying each label of labels ("k=v"
+-- or "k"), through sbx's own list (Podman's libpod list where Podman is the
+-- daemon: its compat list fails while a broken record exists). Raises when
+-- the daemon cannot list.
+function H.containers(labels, docker_host)
+  local json = require("sbx.core").json
+  local st, list = require("sbx.backends.docker").list(H.daemon(docker_host), { label = json.array(labels) })
+  assert(st, list)
+  return list
+end
+
 -- A container's inspect on sbx's daemon or the one at docker_host, or nil.
 function H.container(id, docker_host)
   local st, info = H.api("GET", "/containers/" .. id .. "/json", nil, docker_host)

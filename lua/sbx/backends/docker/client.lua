@@ -75,6 +75,7 @@ function M.connect(explicit, deadline)
         d.endpoint = ep
         d.api = version_less(server, CLIENT_API) and server or CLIENT_API
         d.podman = r.headers["libpod-api-version"] ~= nil
+        d.libpod_api = r.headers["libpod-api-version"]
         d.prefix = d.base .. "/v" .. d.api
         d.images = {}
         daemons[ep] = d
@@ -98,12 +99,13 @@ end
 
 -- One API call. Returns status, decoded body | nil, message, code.
 -- opts.deadline bounds it (a frozen daemon answers nothing: the call then
--- fails with "daemon_unresponsive"); opts.timeout caps it (api_timeout).
+-- fails with "daemon_unresponsive"); opts.timeout caps it (api_timeout);
+-- opts.versioned: path carries its own version (Podman's libpod API).
 local function call(d, method, path, body, opts)
   opts = opts or {}
   local limit = M.seconds_left(opts.deadline, opts.timeout or pol().api_timeout)
   local r, err, code = http.request {
-    url = d.prefix .. path, method = method, unix_socket = d.unix_socket,
+    url = (opts.versioned and d.base or d.prefix) .. path, method = method, unix_socket = d.unix_socket,
     headers = body and { ["Content-Type"] = "application/json" } or nil,
     body = body and json.encode(body) or nil,
     timeout = limit, detached = opts.detached,
@@ -136,6 +138,28 @@ M.call = call
 
 local function urlq(s) return http.escape(s) end
 M.urlq = urlq
+
+-- list(d, filters, opts) -> status, containers | nil, message, code: every
+-- container (all=true) matching filters (Docker's filter map), in the
+-- compat API's shape (Id, Names, Labels, State; SizeRw with opts.size).
+-- Podman's compat list fails whole while one container of its database has
+-- no storage left ("getting container from store ...: container not known",
+-- Podman 4.3 after a create that was cut off); its own libpod list shows
+-- that one too, and a DELETE removes it: on Podman the list is libpod's.
+function M.list(d, filters, opts)
+  opts = opts or {}
+  local query = "?all=true" .. (opts.size and "&size=true" or "") .. "&filters=" .. urlq(json.encode(filters))
+  if not d.podman or not d.libpod_api then
+    return call(d, "GET", "/containers/json" .. query, nil, opts)
+  end
+  local lopts = setmetatable({ versioned = true }, { __index = opts })
+  local st, list, code = call(d, "GET", "/v" .. d.libpod_api .. "/libpod/containers/json" .. query, nil, lopts)
+  if not st then return nil, list, code end
+  for _, c in ipairs(list or {}) do
+    if type(c.Size) == "table" and c.SizeRw == nil then c.SizeRw = c.Size.rwSize end
+  end
+  return st, list or {}
+end
 M.pol = pol
 M.home = home
 M.exists = exists

@@ -28,6 +28,7 @@ function M.options(check)
 end
 
 M.candidates, M.connect, M.seconds_left, M.call = client.candidates, client.connect, client.seconds_left, client.call
+M.list = client.list
 M.proc_start = owner.proc_start
 M.disk_quota_of, M.quota_refused, M.limits = isolation.disk_quota_of, isolation.quota_refused, isolation.limits
 M.create, M.destroy, M.restart, M.clear = lifecycle.create, lifecycle.destroy, lifecycle.restart, lifecycle.clear

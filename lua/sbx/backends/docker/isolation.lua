@@ -3,7 +3,7 @@
 local core = require "sbx.core"
 local json = core.json
 local client = require "sbx.backends.docker.client"
-local call, urlq, pol = client.call, client.urlq, client.pol
+local call, pol = client.call, client.pol
 
 local M = {}
 local disk_quota, disk_entry, ensure_poller, watch, unwatch
@@ -128,8 +128,8 @@ local function poll_disk(d, w)
     for id in pairs(w.boxes) do ids[#ids + 1] = id end
     local t0 = core.now()
     for i = 1, #ids, 100 do
-      local filters = json.encode { id = json.array(table.move(ids, i, math.min(i + 99, #ids), 1, {})) }
-      local st, list = call(d, "GET", "/containers/json?all=true&size=true&filters=" .. urlq(filters))
+      local filters = { id = json.array(table.move(ids, i, math.min(i + 99, #ids), 1, {})) }
+      local st, list = client.list(d, filters, { size = true })
       for _, c in ipairs(st and list or {}) do
         local h, used = w.boxes[c.Id], tonumber(c.SizeRw)
         if h and used and used > h.disk_limit then freeze(h, used) end

@@ -2,7 +2,7 @@
 local json = require("sbx.core").json
 local owner = require "sbx.owner"
 local client = require "sbx.backends.docker.client"
-local call, urlq = client.call, client.urlq
+local call = client.call
 
 local M = {}
 
@@ -14,9 +14,7 @@ function M.reap(opts)
   opts = opts or {}
   local d, err, code = client.connect(opts.docker_host, opts.deadline)
   if not d then return nil, err, code end
-  local filters = json.encode { label = json.array { "sbx.owner.pid" } }
-  local st, list, lcode = call(d, "GET", "/containers/json?all=true&filters=" .. urlq(filters), nil,
-    { deadline = opts.deadline })
+  local st, list, lcode = client.list(d, { label = json.array { "sbx.owner.pid" } }, { deadline = opts.deadline })
   if not st then return nil, list, lcode end
   local now = os.time()
   return owner.reap_each(list, opts, {
