@@ -45,10 +45,7 @@ struct sbx_task {
   int status;
   int observed; /* someone asked for the result */
   int cancel_requested;
-  /* A stop (SBX_CANCEL_INTERRUPT, SBX_CANCEL_TASK) that came while the task
-  ** was not waiting (queued to run, not yet started): its next wait ends
-  ** with it at once. */
-  int stop_pending;
+  struct sbx_stops stops; /* held stops, core.shield (host.h) */
   int unref; /* core.drain does not wait for it (task:unref) */
   int in_queue;
   struct sbx_waiter *waiting;
@@ -250,18 +247,128 @@ is_main_thread(lua_State *L)
   return main;
 }
 
+/* The stops of thread L: its task's, the main thread's, or NULL (a plain
+** coroutine). */
+static struct sbx_stops *
+stops_of(struct sbx_host *h, lua_State *L)
+{
+  struct sbx_task *t = task_of(L);
+  if (t && t->co == L)
+    return &t->stops;
+  if (!t && is_main_thread(L))
+    return &h->main_stops;
+  return NULL;
+}
+
+/* The stops of the thread a pending wait belongs to. */
+static struct sbx_stops *
+waiter_stops(struct sbx_host *h, struct sbx_waiter *w)
+{
+  if (w->task)
+    return &w->task->stops;
+  if (w->thread && w->thread == h->L)
+    return &h->main_stops;
+  return NULL;
+}
+
 void
 sbx_host_stop_running(struct sbx_host *h, lua_State *L, int set)
 {
-  struct sbx_task *t = task_of(L);
-  if (t && t->co == L) {
-    if (!set)
-      t->stop_pending = 0;
-    else if (!t->stop_pending)
-      t->stop_pending = SBX_CANCEL_INTERRUPT;
+  struct sbx_stops *s = stops_of(h, L);
+  if (!s)
+    return;
+  if (!set)
+    s->pending = 0;
+  else if (!s->pending)
+    s->pending = SBX_CANCEL_INTERRUPT;
+}
+
+static void
+shield_timer_free(struct sbx_stops *s)
+{
+  if (s->timer) {
+    uv_timer_stop(s->timer);
+    uv_close((uv_handle_t *)s->timer, timer_free_cb);
+    s->timer = NULL;
+    if (s->prev_armed)
+      s->prev_armed->next_armed = s->next_armed;
+    else
+      s->host->armed_shields = s->next_armed;
+    if (s->next_armed)
+      s->next_armed->prev_armed = s->prev_armed;
+    s->prev_armed = s->next_armed = NULL;
   }
-  else if (!t && is_main_thread(L))
-    h->main_stop_pending = set;
+}
+
+/* The grace ran out: the shielded thread's wait ends with the interrupt
+** (or its next one does, when it runs). */
+static void
+shield_expire_cb(uv_timer_t *timer)
+{
+  struct sbx_stops *s = timer->data;
+  struct sbx_host *h = s->host;
+  struct sbx_waiter *w, *next;
+  shield_timer_free(s);
+  s->expired = 1;
+  for (w = h->pending.next; w != &h->pending; w = next) {
+    next = w->next;
+    if (!w->woken && waiter_stops(h, w) == s) {
+      s->delivered = 1;
+      waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+    }
+  }
+}
+
+/* An interrupt for a shielded thread: held, and its grace starts. */
+static void
+shield_hold(struct sbx_host *h, struct sbx_stops *s)
+{
+  if (s->held)
+    return;
+  s->held = 1;
+  s->host = h;
+  s->timer = malloc(sizeof *s->timer);
+  if (!s->timer) {
+    s->expired = 1; /* no timer: no grace */
+    return;
+  }
+  uv_timer_init(&h->loop, s->timer);
+  s->timer->data = s;
+  uv_timer_start(s->timer, shield_expire_cb, (uint64_t)(s->grace * 1000.0 + 0.5), 0);
+  s->prev_armed = NULL;
+  s->next_armed = h->armed_shields;
+  if (h->armed_shields)
+    h->armed_shields->prev_armed = s;
+  h->armed_shields = s;
+}
+
+/* Whether an interrupt now would be held rather than delivered. */
+static int
+shielded(const struct sbx_stops *s)
+{
+  return s && s->shield > 0 && !s->expired;
+}
+
+/* A stop held for the next wait of thread L ends w at once. */
+static void
+await_stops(struct sbx_host *h, lua_State *L, struct sbx_waiter *w)
+{
+  struct sbx_stops *s = stops_of(h, L);
+  if (!s || w->woken)
+    return;
+  if (s->shield > 0 && s->expired && s->held && !s->delivered) {
+    s->delivered = 1;
+    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+  }
+  else if (s->pending == SBX_CANCEL_INTERRUPT && shielded(s)) {
+    s->pending = 0;
+    shield_hold(h, s);
+  }
+  else if (s->pending) {
+    int why = s->pending;
+    s->pending = 0;
+    waiter_cancel(w, why);
+  }
 }
 
 int
@@ -272,15 +379,7 @@ sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
   /* A thread whose deadline ended waits for nothing more. */
   if (!w->woken && sbx_deadline_state(L))
     waiter_cancel(w, SBX_CANCEL_DEADLINE);
-  if (!w->woken && t && t->co == L && t->stop_pending) {
-    int why = t->stop_pending;
-    t->stop_pending = 0;
-    waiter_cancel(w, why);
-  }
-  else if (!w->woken && !t && w->host->main_stop_pending && is_main_thread(L)) {
-    w->host->main_stop_pending = 0;
-    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
-  }
+  await_stops(w->host, L, w);
   if (w->woken)
     return k(L, LUA_OK, ctx);
   if (t && t->co == L && lua_isyieldable(L)) {
@@ -289,13 +388,22 @@ sbx_await(lua_State *L, struct sbx_waiter *w, lua_KFunction k, lua_KContext ctx)
     t->status = TASK_WAITING;
     return lua_yieldk(L, 0, ctx, k);
   }
-  switch (sbx_drive(w->host, &w->woken)) {
-  case -1:
-    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+  for (;;) {
+    int rc = sbx_drive(w->host, &w->woken);
+    if (rc == -1) {
+      /* An interrupt (core.interrupt's): held by a shield, or the end. */
+      struct sbx_stops *s = stops_of(w->host, L);
+      if (!w->woken && shielded(s)) {
+        shield_hold(w->host, s);
+        continue;
+      }
+      waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+    }
+    else if (rc == -2) {
+      waiter_cancel(w, SBX_CANCEL_CLOSE);
+      return luaL_error(L, "deadlock: this wait can never end (no task, timer or I/O left to wake it)");
+    }
     break;
-  case -2:
-    waiter_cancel(w, SBX_CANCEL_CLOSE);
-    return luaL_error(L, "deadlock: this wait can never end (no task, timer or I/O left to wake it)");
   }
   return k(L, LUA_OK, ctx);
 }
@@ -412,6 +520,7 @@ task_finish(struct sbx_task *t, lua_State *co, int ok, int nres)
 {
   struct sbx_host *h = t->host;
   int i;
+  shield_timer_free(&t->stops); /* a thread left in a shield (never resumed) */
   lua_createtable(co, nres + 1, 1);
   lua_insert(co, -(nres + 1));
   lua_pushboolean(co, ok);
@@ -504,11 +613,15 @@ deliver_interrupt(struct sbx_host *h)
   h->interrupt_pending = 0;
   undelivered = 0;
   for (t = h->ready_first; t; t = t->next_ready)
-    if (!t->stop_pending)
-      t->stop_pending = SBX_CANCEL_INTERRUPT;
+    if (!t->stops.pending)
+      t->stops.pending = SBX_CANCEL_INTERRUPT;
   for (; w != &h->pending; w = next) {
+    struct sbx_stops *s = waiter_stops(h, w);
     next = w->next;
-    waiter_cancel(w, SBX_CANCEL_INTERRUPT);
+    if (shielded(s))
+      shield_hold(h, s);
+    else
+      waiter_cancel(w, SBX_CANCEL_INTERRUPT);
   }
 }
 
@@ -672,7 +785,7 @@ task_cancel(lua_State *L)
   if (t->waiting)
     waiter_cancel(t->waiting, SBX_CANCEL_TASK);
   else
-    t->stop_pending = SBX_CANCEL_TASK;
+    t->stops.pending = SBX_CANCEL_TASK;
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -883,12 +996,61 @@ core_drain(lua_State *L)
   int rc;
   /* A drain is the script's cleanup: a signal the main thread's code was
   ** running into is not held for its waits (it ends the drain's tasks). */
-  h->main_stop_pending = 0;
+  h->main_stops.pending = 0;
   rc = sbx_drive(h, NULL);
   if (rc == -2)
     return sbx_pushfail(L, "deadlock", "%d task(s) wait for something that can never happen", h->tasks_alive);
   lua_pushboolean(L, 1);
   return 1;
+}
+
+/* Leaves one core.shield: at the outermost, an interrupt it held and no
+** wait got is kept for the thread's next wait. */
+static void
+shield_leave(struct sbx_stops *s)
+{
+  if (--s->shield > 0)
+    return;
+  shield_timer_free(s);
+  if (s->held && !s->delivered && !s->pending)
+    s->pending = SBX_CANCEL_INTERRUPT;
+  s->held = s->expired = s->delivered = 0;
+}
+
+static int
+shield_k(lua_State *L, int status, lua_KContext ctx)
+{
+  struct sbx_stops *s = stops_of(sbx_host_get(L), L);
+  (void)ctx;
+  if (s)
+    shield_leave(s);
+  if (status != LUA_OK && status != LUA_YIELD)
+    return lua_error(L);
+  return lua_gettop(L) - 1;
+}
+
+/*
+** core.shield(grace, fn, ...) -> fn's results (fn's error raises through).
+** While fn runs, a signal (or core.interrupt) does not end this thread's
+** waits at once: it is held, and delivered when fn returns (at the next
+** wait), or to the wait in progress once grace seconds have passed since it
+** came. For an operation a server is answering that an interrupt would cut
+** off half made (a container create): its answer names what to remove. A
+** task:cancel() and a core.deadline that ends are not held. A plain
+** coroutine is not shielded.
+*/
+int
+sbx_core_shield(lua_State *L)
+{
+  struct sbx_host *h = sbx_host_get(L);
+  double grace = luaL_checknumber(L, 1);
+  struct sbx_stops *s;
+  luaL_argcheck(L, grace >= 0 && grace < 1e6, 1, "seconds, 0 or more");
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  s = stops_of(h, L);
+  if (s && s->shield++ == 0)
+    s->grace = grace;
+  return shield_k(L, lua_pcallk(L, lua_gettop(L) - 2, LUA_MULTRET, 0, 0, shield_k), 0);
 }
 
 /* core.signals() -> count (signals and core.interrupt calls), last signal number */
@@ -1094,6 +1256,8 @@ host_teardown(struct sbx_host *h)
     w->task = NULL;
     waiter_cancel(w, SBX_CANCEL_CLOSE);
   }
+  while (h->armed_shields) /* threads left in a shield: never resumed now */
+    shield_timer_free(h->armed_shields);
   sbx_deadline_close_all(h);
   run_hooks(h, SBX_CLOSE_ABORT);
   signals_stop(h);
@@ -1128,6 +1292,7 @@ static const luaL_Reg core_funcs[] = { { "spawn", core_spawn },
                                        { "pid", core_pid },
                                        { "path_type", core_path_type },
                                        { "drain", core_drain },
+                                       { "shield", sbx_core_shield },
                                        { "signals", core_signals },
                                        { "handle_signals", core_handle_signals },
                                        { "xpcall", sbx_core_xpcall },

@@ -38,6 +38,26 @@ struct sbx_waiter {
 enum { SBX_CANCEL_INTERRUPT = 1, SBX_CANCEL_TASK = 2, SBX_CANCEL_CLOSE = 3, SBX_CANCEL_DEADLINE = 4 };
 enum { SBX_DEADLINE_ARMED = 0, SBX_DEADLINE_TIMEOUT = 1, SBX_DEADLINE_SIGNAL = 2 };
 
+/*
+** What stops a thread (a task's, or the main thread) beyond its pending
+** wait: a stop held for its next wait (a signal that came while it was not
+** waiting, a task:cancel of a task not waiting), and core.shield: while a
+** shield runs, an interrupt waits up to the shield's grace for it to end
+** (an operation the daemon is answering, which would be left half made if
+** cut off), then is delivered as usual.
+*/
+struct sbx_stops {
+  struct sbx_host *host;
+  int pending;       /* SBX_CANCEL_* for the next wait, or 0 */
+  int shield;        /* core.shield calls running on this thread */
+  int held;          /* an interrupt came while shielded */
+  int expired;       /* ... and the grace ran out */
+  int delivered;     /* ... and a wait ended with it */
+  double grace;      /* seconds (the outermost shield's) */
+  uv_timer_t *timer; /* the grace, armed while held */
+  struct sbx_stops *prev_armed, *next_armed; /* the host's, while armed */
+};
+
 #define SBX_HOST_SLOTS 8
 #define SBX_HOST_HOOKS 8
 enum { SBX_CLOSE_ABORT, SBX_CLOSE_DRAIN, SBX_CLOSE_FREE };
@@ -60,7 +80,8 @@ struct sbx_host {
   int interrupts;                 /* core.interrupt calls (a signal's effect without one) */
   int interrupt_pending;          /* an interrupt not yet delivered */
   int interrupt_cancelled;        /* ... whose waits were already cancelled */
-  int main_stop_pending;          /* the main thread ran when a signal was taken */
+  struct sbx_stops main_stops;    /* the main thread's (a task's are its own) */
+  struct sbx_stops *armed_shields; /* every sbx_stops whose grace timer runs */
   int last_signal;
   /* What modules keep on the host, which knows none of them: state by
   ** their own key (sbx_host_slot), and what to do when it closes. */
@@ -150,6 +171,10 @@ int sbx_host_poll_signals(struct sbx_host *h);
 ** raised in L already. L a task's thread or the main thread (others: no
 ** effect). */
 void sbx_host_stop_running(struct sbx_host *h, lua_State *L, int set);
+
+/* core.shield(grace, fn, ...) -> fn's results: fn runs with interrupts
+** held for at most grace seconds after one comes (see struct sbx_stops). */
+int sbx_core_shield(lua_State *L);
 
 /* Nonzero while the count hook has something to look at: a signal not
 ** taken yet, or one taken but not yet delivered to the waits. */

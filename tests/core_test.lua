@@ -161,4 +161,60 @@ kill -INT $pid; wait $pid; echo rc=$?]], os.getenv("SBX_BIN") or "build/sbx", pa
   tap.is(tonumber(started), 0, "no queued task got past its first wait", out)
   os.execute("rm -rf " .. dir)
 end
+-- core.shield: an interrupt waits for the shielded code (up to its grace),
+-- then reaches the thread's next wait; past the grace it ends the wait in
+-- progress. In a task and in the main thread.
+do
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir))
+  local path = dir .. "/shield.lua"
+  local f = assert(io.open(path, "w"))
+  f:write((([[
+local sbx = require "sbx"
+local mode, grace, inner = arg[1], tonumber(arg[2]), tonumber(arg[3])
+local function body()
+  sbx.core.shield(grace, function()
+    io.open("DIR/" .. mode .. ".in", "w"):close()
+    sbx.sleep(inner)
+    io.open("DIR/" .. mode .. ".inner-done", "w"):close()
+  end)
+  sbx.sleep(20)
+  io.open("DIR/" .. mode .. ".after", "w"):close()
+end
+if mode == "task" then sbx.spawn(body) sbx.sleep(30) else body() end
+]]):gsub("DIR", dir)))
+  f:close()
+  local function run(mode, grace, inner)
+    local p = io.popen(string.format([[
+timeout -s KILL 25 %s run %s %s %s %s 2>&1 & pid=$!
+while [ ! -e %s/%s.in ]; do sleep 0.01; done
+kill -INT $pid; wait $pid; echo rc=$?]], os.getenv("SBX_BIN") or "build/sbx", path, mode, grace, inner, dir, mode))
+    local out = p:read("a")
+    p:close()
+    local function exists(what)
+      local g = io.open(dir .. "/" .. mode .. "." .. what)
+      if g then g:close() end
+      return g ~= nil
+    end
+    return out, exists("inner-done"), exists("after")
+  end
+  for _, mode in ipairs { "task", "main" } do
+    local out, done, after = run(mode, 10, 0.5)
+    tap.like(out, "rc=130", mode .. ": SIGINT during a shield still ends sbx run with 130", out)
+    tap.is(done, true, mode .. ": the shielded wait ran to its end")
+    tap.is(after, false, mode .. ": the next wait after the shield got the interrupt")
+    os.execute("rm -f " .. dir .. "/" .. mode .. ".*")
+    out, done, after = run(mode, 0.2, 20)
+    tap.like(out, "rc=130", mode .. ": past the grace the shielded wait is interrupted, and sbx run ends", out)
+    tap.is(done, false, mode .. ": the shielded code did not get past its wait")
+    tap.is(after, false, mode .. ": nor did the code after it")
+    os.execute("rm -f " .. dir .. "/" .. mode .. ".*")
+  end
+  tap.is(select(2, pcall(sbx.core.shield, -1, print)):match("seconds, 0 or more") ~= nil, true,
+    "a negative grace raises")
+  tap.is(sbx.core.shield(1, function(a, b) return a + b, "x" end, 2, 3), 5, "shield returns fn's results")
+  tap.checkerr("inner boom", sbx.core.shield, 1, function() error("inner boom") end)
+  os.execute("rm -rf " .. dir)
+end
 tap.done()

@@ -233,8 +233,13 @@ policy.docker = {
   kill_timeout = 10,            -- the in-box kill command
   -- An exec's exit code is read once its stream ended; the daemon may lag.
   exit_poll = { attempts = 50, fast = 10, fast_interval = 0.01, interval = 0.1 },
-  -- After an interrupted create the daemon may still be making the
-  -- container: its removal is retried this often, this far apart.
+  -- An interrupt (SIGINT, SIGTERM) that comes while the daemon makes a
+  -- container waits up to this many seconds for its answer, so the box is
+  -- removed by the id it names rather than cut off half made (Podman then
+  -- records the cut-off container seconds later, past any check for it).
+  create_grace = 5,
+  -- After a create cut off anyway (past that grace) the daemon may still be
+  -- making the container: its removal is retried this often, this far apart.
   remove_retries = 20, remove_interval = 0.1,
   -- Removing what a frozen daemon may still make: tried every `interval`
   -- seconds until the daemon says 404 `confirmations` times in a row.

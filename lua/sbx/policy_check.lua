@@ -137,6 +137,7 @@ local RULES = {
   ["docker.ping_timeout"] = POS,
   ["docker.pull_timeout"] = POS,
   ["docker.kill_timeout"] = POS,
+  ["docker.create_grace"] = num { ge = 0 },
   ["docker.disk_poll"] = POS,
   ["docker.disk_poll_load"] = num { gt = 0 },
   ["docker.agent_bind"] = BOOL,

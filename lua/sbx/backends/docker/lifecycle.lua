@@ -160,23 +160,26 @@ function M.create(spec, pol_)
   -- The name is known before the daemon answers: whatever stops us half way
   -- (an interrupt, a cancel) removes what may already exist, then goes on.
   local bind = channel.agent_mount(d, spec, pol_)
-  local ok, st, body, ccode, sst, serr, scode = pcall(function()
-    local st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d, bind),
+  -- An interrupt waits a moment for the daemon's answer to a create (the
+  -- id it names is what remove() then finds) instead of cutting it off.
+  local function create_call(b)
+    return core.shield(pol().create_grace, call, d, "POST", "/containers/create?name=" .. urlq(name), b,
       { deadline = deadline })
+  end
+  local ok, st, body, ccode, sst, serr, scode = pcall(function()
+    local st_, body_, ccode_ = create_call(create_body(spec, pol_, d, bind))
     if not st_ and bind and ccode_ == "bad_request" and tostring(body_):lower():find("mount", 1, true) then
       -- The daemon cannot bind the host's file (it runs in a VM, or the
       -- path is not its host's): the upload, for this box and the daemon's
       -- later ones.
       d.agent_bind, bind = false, nil
-      st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d),
-        { deadline = deadline })
+      st_, body_, ccode_ = create_call(create_body(spec, pol_, d))
     end
     if not st_ and spec.disk and d.disk_quota and isolation.quota_refused(body_) then
       -- /info cannot show xfs's pquota mount option: the daemon's answer
       -- decides, for this box and the daemon's later ones.
       d.disk_quota, d.disk_note = false, "the daemon refused a size quota (" .. tostring(body_) .. ")"
-      st_, body_, ccode_ = call(d, "POST", "/containers/create?name=" .. urlq(name), create_body(spec, pol_, d, bind),
-        { deadline = deadline })
+      st_, body_, ccode_ = create_call(create_body(spec, pol_, d, bind))
     end
     if not st_ then return st_, body_, ccode_ end
     return st_, body_, ccode_, call(d, "POST", "/containers/" .. body_.Id .. "/start", nil,
