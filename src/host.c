@@ -46,7 +46,7 @@ struct sbx_task {
   int observed; /* someone asked for the result */
   int cancel_requested;
   struct sbx_stops stops; /* held stops, core.shield (host.h) */
-  int unref; /* core.drain does not wait for it (task:unref) */
+  int unref;              /* core.drain does not wait for it (task:unref) */
   int in_queue;
   struct sbx_waiter *waiting;
   struct sbx_task *next_ready;

@@ -48,13 +48,13 @@ enum { SBX_DEADLINE_ARMED = 0, SBX_DEADLINE_TIMEOUT = 1, SBX_DEADLINE_SIGNAL = 2
 */
 struct sbx_stops {
   struct sbx_host *host;
-  int pending;       /* SBX_CANCEL_* for the next wait, or 0 */
-  int shield;        /* core.shield calls running on this thread */
-  int held;          /* an interrupt came while shielded */
-  int expired;       /* ... and the grace ran out */
-  int delivered;     /* ... and a wait ended with it */
-  double grace;      /* seconds (the outermost shield's) */
-  uv_timer_t *timer; /* the grace, armed while held */
+  int pending;                               /* SBX_CANCEL_* for the next wait, or 0 */
+  int shield;                                /* core.shield calls running on this thread */
+  int held;                                  /* an interrupt came while shielded */
+  int expired;                               /* ... and the grace ran out */
+  int delivered;                             /* ... and a wait ended with it */
+  double grace;                              /* seconds (the outermost shield's) */
+  uv_timer_t *timer;                         /* the grace, armed while held */
   struct sbx_stops *prev_armed, *next_armed; /* the host's, while armed */
 };
 
@@ -70,17 +70,17 @@ struct sbx_host {
   struct sbx_task *ready_first, *ready_last;
   struct sbx_waiter pending; /* list head of every pending wait */
   int tasks_alive;
-  int detached;                   /* operations nobody waits for (cleanup) */
-  uv_async_t sig_async;           /* poked by the SIGINT/SIGTERM handler */
-  int sig_taken;                  /* the handler's count already taken */
-  double signal_at;               /* when the last signal was taken */
-  double slice;                   /* core.scheduler{ slice }: 0 for none */
-  struct sbx_deadline *deadlines; /* armed core.deadline frames (deadline.c) */
-  int signals;                    /* how many SIGINT/SIGTERM arrived */
-  int interrupts;                 /* core.interrupt calls (a signal's effect without one) */
-  int interrupt_pending;          /* an interrupt not yet delivered */
-  int interrupt_cancelled;        /* ... whose waits were already cancelled */
-  struct sbx_stops main_stops;    /* the main thread's (a task's are its own) */
+  int detached;                    /* operations nobody waits for (cleanup) */
+  uv_async_t sig_async;            /* poked by the SIGINT/SIGTERM handler */
+  int sig_taken;                   /* the handler's count already taken */
+  double signal_at;                /* when the last signal was taken */
+  double slice;                    /* core.scheduler{ slice }: 0 for none */
+  struct sbx_deadline *deadlines;  /* armed core.deadline frames (deadline.c) */
+  int signals;                     /* how many SIGINT/SIGTERM arrived */
+  int interrupts;                  /* core.interrupt calls (a signal's effect without one) */
+  int interrupt_pending;           /* an interrupt not yet delivered */
+  int interrupt_cancelled;         /* ... whose waits were already cancelled */
+  struct sbx_stops main_stops;     /* the main thread's (a task's are its own) */
   struct sbx_stops *armed_shields; /* every sbx_stops whose grace timer runs */
   int last_signal;
   /* What modules keep on the host, which knows none of them: state by
